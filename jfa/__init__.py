@@ -1,0 +1,21 @@
+"""jfa: Jagged Flash Attention for PyTorch.
+
+    out = jfa.jagged_attention(q, k, v, q_offsets, kv_offsets=None, causal=False, window=(-1, -1), ...)
+    out = jfa.broadcast_attention(q, k, v, kv_offsets, ...)   # one dense q shared by every kv sequence
+
+On a machine with no CUDA device, importing jfa (before triton) turns on Triton's interpreter
+(TRITON_INTERPRET=1) so the portable Triton kernels run on CPU tensors; an explicit TRITON_INTERPRET is kept.
+"""
+import os as _os
+import sys as _sys
+
+import torch as _torch
+
+if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules and not _torch.cuda.is_available():
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from .api import broadcast_attention, jagged_attention  # noqa: E402
+from .backends import available_backends  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["jagged_attention", "broadcast_attention", "available_backends", "__version__"]

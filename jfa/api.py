@@ -1,0 +1,89 @@
+"""The public functions. One path down: validate -> torch.ops.jfa.attention (jfa.op) -> a backend.
+
+Layout: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, packed back to back; offsets ``[B+1]`` int32/int64.
+Visibility: key j of a sequence is visible to its query i when ``i' - left <= j <= i' + right`` with
+``i' = i + (Lk - Lq)`` (bottom-right alignment); -1 = unbounded; causal means right = 0 and combines with
+window. A query row that sees no key outputs 0 with lse -inf, and no NaN anywhere (gradients included).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import checks
+from .backends import select
+from .jagged import resolve_window
+from .op import attention as _attention_op
+
+
+def jagged_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                     window=(-1, -1), scale=None, return_lse=False, backend="auto"):
+    """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
+
+    Args:
+        q: ``[Tq, Hq, D]``; k, v: ``[Tk, Hkv, D]`` with ``Hq % Hkv == 0`` (GQA: query head h reads kv head
+            ``h // (Hq // Hkv)``). float16/bfloat16 (fast paths) or float32.
+        q_offsets: ``[B+1]`` int32/int64 row offsets of the sequences in q; ``kv_offsets``: the same for k/v
+            (None: same as q_offsets, i.e. self-attention).
+        max_q_len, max_kv_len: optional Python ints. Never needed for a correct result (the kernels take the
+            lengths from the offsets on the device); passing both for GPU offsets makes the call free of host
+            syncs (the offsets are then trusted). Checked against the offsets otherwise.
+        causal, window: the mask (see module doc). scale: defaults to ``1/sqrt(D)``.
+        return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]``.
+        backend: "auto", "reference" or "triton".
+    Returns:
+        out ``[Tq, Hq, D]`` in q's dtype, or ``(out, lse)``.
+    """
+    q, k, v = checks.check_qkv(q, k, v)
+    self_attention = kv_offsets is None
+    kv_offsets = q_offsets if self_attention else kv_offsets
+    checks.check_offsets_meta("q_offsets", q_offsets, q.device)
+    checks.check_offsets_meta("kv_offsets", kv_offsets, q.device)
+    if q_offsets.numel() != kv_offsets.numel():
+        raise ValueError(f"q_offsets and kv_offsets must describe the same batch: {q_offsets.numel() - 1} vs "
+                         f"{kv_offsets.numel() - 1} sequences")
+    checks.check_max_len("max_q_len", max_q_len)
+    checks.check_max_len("max_kv_len", max_kv_len)
+    if checks.offsets_values_checked([q_offsets, kv_offsets], max_q_len is not None and max_kv_len is not None):
+        checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", max_q_len, "max_q_len")
+        if not self_attention:
+            checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", max_kv_len, "max_kv_len")
+        elif k.shape[0] != q.shape[0]:
+            raise ValueError(f"self-attention (kv_offsets=None) needs as many k rows as q rows: "
+                             f"{k.shape[0]} vs {q.shape[0]}")
+        elif max_kv_len is not None:
+            checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", max_kv_len, "max_kv_len")
+    return _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast=False)
+
+
+def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None,
+                        return_lse=False, backend="auto"):
+    """One dense query block attended by every kv sequence of a jagged batch (PMA pooling).
+
+    Args:
+        q: ``[Lq, Hq, D]`` shared by all B sequences; k, v: ``[Tk, Hkv, D]`` packed; kv_offsets ``[B+1]``.
+        The rest as jagged_attention (the mask aligns q's Lq rows bottom-right in each sequence).
+    Returns:
+        out ``[B, Lq, Hq, D]``, or ``(out, lse)`` with lse ``[Hq, B*Lq]`` (rows in the order of
+        ``out.reshape(B*Lq, Hq, D)``). The gradient of q is the sum over the batch (accumulated in float32).
+    """
+    q, k, v = checks.check_qkv(q, k, v, dense_q=True)
+    checks.check_offsets_meta("kv_offsets", kv_offsets, q.device)
+    checks.check_max_len("max_kv_len", max_kv_len)
+    if checks.offsets_values_checked([kv_offsets], max_kv_len is not None):
+        checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", max_kv_len, "max_kv_len")
+    batch, lq = kv_offsets.numel() - 1, q.shape[0]
+    # Output row offsets: sequence b owns rows [b*Lq, (b+1)*Lq) of the output (built on the device, no sync).
+    q_offsets = torch.arange(batch + 1, device=q.device, dtype=kv_offsets.dtype) * lq
+    out = _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast=True)
+    if return_lse:
+        return out[0].view(batch, lq, q.shape[1], q.shape[2]), out[1]
+    return out.view(batch, lq, q.shape[1], q.shape[2])
+
+
+def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast):
+    checks.check_window(causal, window)
+    left, right = resolve_window(causal, tuple(window))
+    scale = checks.check_scale(scale, q.shape[2])
+    backend = select(backend, q.device, q.shape[2], q.dtype)
+    out, lse = _attention_op(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,69 @@
+"""The backends behind the one custom op, and how "auto" picks one.
+
+  reference  pure PyTorch, any device, any head dim (jfa.reference; its backward is autograd over it)
+  triton     portable Triton kernels (jfa.triton): CUDA, or CPU tensors through Triton's interpreter
+A backend is a pair forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast) -> (out, lse)
+and backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast) -> grads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import reference
+from . import triton as triton_backend
+
+
+def _reference_forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
+    return reference.attention(q, k, v, q_offsets, kv_offsets, scale=scale, left=left, right=right,
+                               broadcast=broadcast)
+
+
+def _reference_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
+    return reference.attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, scale=scale, left=left,
+                                        right=right, broadcast=broadcast)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    forward: Callable
+    backward: Callable
+    supports: Callable[[torch.device, int, torch.dtype], bool]
+
+
+def _triton_supports(device, head_dim, dtype):
+    if not triton_backend.supports(head_dim, dtype):
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and triton_backend.launch.interpreting())
+
+
+BACKENDS = {
+    "reference": Backend("reference", _reference_forward, _reference_backward, lambda device, d, dt: True),
+    "triton": Backend("triton", triton_backend.forward, triton_backend.backward, _triton_supports),
+}
+
+
+def available_backends(device="cpu", head_dim=128, dtype=torch.bfloat16):
+    """Names of the backends that take this device, head dim and dtype."""
+    device = torch.device(device)
+    return [name for name, b in BACKENDS.items() if b.supports(device, head_dim, dtype)]
+
+
+def select(backend: str, device: torch.device, head_dim: int, dtype: torch.dtype) -> str:
+    """Resolve "auto" (the fastest correct backend for the device; the reference on the CPU) and check."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend == "auto":
+        if device.type == "cuda" and BACKENDS["triton"].supports(device, head_dim, dtype):
+            return "triton"
+        return "reference"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected 'auto' or one of {sorted(BACKENDS)}")
+    if not BACKENDS[backend].supports(device, head_dim, dtype):
+        takers = available_backends(device, head_dim, dtype)
+        raise ValueError(f"backend {backend!r} does not take head dim {head_dim} with {dtype} on "
+                         f"{device.type}; backends that do: {takers}")
+    return backend

@@ -1,0 +1,113 @@
+"""Input validation for the public functions: a clear ValueError/TypeError naming the argument, never a wrong
+answer or a crash deep in a kernel. Inputs are never modified in place.
+
+Checks that need the offsets' values (start at 0, non-decreasing, end at the row count, max lengths) cost a
+host sync when the offsets live on a GPU. They run in eager mode, except when the caller passed both
+``max_q_len`` and ``max_kv_len`` for GPU offsets (the caller asked for a sync-free call: the offsets are then
+trusted, as FlashAttention's varlen functions trust them), and never inside torch.compile tracing or CUDA
+graph capture. The kernels take every length from the offsets on the device, so the ``max_*_len`` hints
+cannot change a result: a hint smaller than the real maximum raises ValueError when checked.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _tensor(name, x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def check_qkv(q, k, v, *, dense_q=False):
+    """Shapes, dtypes, devices, heads. Returns q, k, v with a unit stride on the head dim (copied if not)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, x)
+        if x.dim() != 3:
+            layout = "[Lq, Hq, D] (one dense block)" if dense_q and name == "q" else "[T, H, D] (packed jagged)"
+            raise ValueError(f"{name} must be 3-D {layout}, got shape {tuple(x.shape)}")
+        if x.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {x.dtype}; expected one of float16, bfloat16, float32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k and v must have the same rows and heads, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if not (q.shape[2] == k.shape[2] == v.shape[2]):
+        raise ValueError(f"head dims differ: q {q.shape[2]}, k {k.shape[2]}, v {v.shape[2]}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"the query heads ({hq}) must be a multiple of the kv heads ({hkv}) (GQA/MQA)")
+    # The kernels take any row and head strides but need the head dim contiguous: copy otherwise.
+    return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+
+
+def check_offsets_meta(name, offsets, device):
+    _tensor(name, offsets)
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {offsets.dtype}")
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"{name} must be 1-D [B+1] (B >= 0), got shape {tuple(offsets.shape)}")
+    if offsets.device != device:
+        raise ValueError(f"{name} is on {offsets.device} but q, k, v are on {device}")
+
+
+def check_window(causal, window):
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"window must be a pair (left, right), got {window!r}")
+    for side, w in zip(("left", "right"), window):
+        if isinstance(w, bool) or not isinstance(w, int):
+            raise TypeError(f"window {side} must be an int, got {w!r}")
+        if w < -1:
+            raise ValueError(f"window {side} must be >= -1 (-1 = unbounded), got {w}")
+
+
+def check_scale(scale, head_dim):
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    return float(scale)
+
+
+def check_max_len(name, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise TypeError(f"{name} must be a non-negative Python int or None, got {value!r}")
+
+
+def _tracing() -> bool:
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def offsets_values_checked(offsets_list, hints_given: bool) -> bool:
+    """Whether the value checks run (see module doc)."""
+    if _tracing():
+        return False
+    on_gpu = any(o.device.type != "cpu" for o in offsets_list)
+    return not (on_gpu and hints_given)
+
+
+def check_offsets_values(name, offsets, rows, rows_name, max_len=None, max_len_name=None):
+    """Start 0, non-decreasing, end == rows, and max_len (if given) >= the longest sequence. One host sync."""
+    o = offsets.detach().to("cpu", torch.int64)
+    if o[0].item() != 0:
+        raise ValueError(f"{name} must start at 0, got {o[0].item()}")
+    lens = o[1:] - o[:-1]
+    if (lens < 0).any():
+        b = int(torch.nonzero(lens < 0)[0])
+        raise ValueError(f"{name} must be non-decreasing; {name}[{b + 1}] = {o[b + 1].item()} < "
+                         f"{name}[{b}] = {o[b].item()}")
+    if o[-1].item() != rows:
+        raise ValueError(f"{name} must end at the number of rows of {rows_name} ({rows}), got {o[-1].item()}")
+    longest = int(lens.max()) if lens.numel() else 0
+    if max_len is not None and max_len < longest:
+        raise ValueError(f"{max_len_name}={max_len} is smaller than the longest sequence in {name} ({longest})")

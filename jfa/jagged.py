@@ -1,0 +1,90 @@
+"""Jagged bookkeeping, written once: offsets, lengths, the visibility rule, tile tables, pair counts.
+
+A jagged batch packs B sequences back to back along the first dimension of a tensor; ``offsets`` (``[B+1]``,
+int32 or int64, ``offsets[0] == 0``, non-decreasing, ``offsets[B] == rows``) marks where each one starts.
+
+Visibility (the spec every backend follows). In a sequence with ``Lq`` queries and ``Lk`` keys, key ``j`` is
+visible to query ``i`` when ``i' - left <= j <= i' + right`` with ``i' = i + (Lk - Lq)`` (bottom-right
+alignment, as FlashAttention 2.1+), a bound of ``-1`` meaning unbounded. ``causal`` is ``right = 0``.
+"""
+from __future__ import annotations
+
+import torch
+
+# Kernels take window bounds as plain ints; "unbounded" becomes this sentinel (larger than any length).
+UNBOUNDED = 1 << 30
+
+
+def resolve_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """(left, right) with -1 = unbounded; causal caps right at 0 and combines with the window."""
+    left, right = int(window[0]), int(window[1])
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def kernel_window(left: int, right: int) -> tuple[int, int]:
+    """The window as the kernels take it: -1 replaced by UNBOUNDED."""
+    return (UNBOUNDED if left < 0 else left), (UNBOUNDED if right < 0 else right)
+
+
+def lengths(offsets: torch.Tensor) -> torch.Tensor:
+    return offsets[1:] - offsets[:-1]
+
+
+def visible_mask(q_len: int, kv_len: int, left: int, right: int, device=None) -> torch.Tensor:
+    """Boolean ``[q_len, kv_len]``: which keys each query of one sequence sees."""
+    i = torch.arange(q_len, device=device).unsqueeze(1) + (kv_len - q_len)
+    j = torch.arange(kv_len, device=device).unsqueeze(0)
+    mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= i - left
+    if right >= 0:
+        mask &= j <= i + right
+    return mask
+
+
+def visible_counts_per_row(q_lens: torch.Tensor, kv_lens: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """Number of visible keys of every query row, in packed order (int64 ``[sum(q_lens)]``)."""
+    q_lens = q_lens.long().cpu()
+    kv_lens = kv_lens.long().cpu()
+    total = int(q_lens.sum())
+    seq = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens, output_size=total)
+    starts = torch.cumsum(q_lens, 0) - q_lens
+    i = torch.arange(total) - starts[seq]
+    lk = kv_lens[seq]
+    ishift = i + lk - q_lens[seq]
+    lo = torch.clamp(ishift - left, min=0) if left >= 0 else torch.zeros_like(ishift)
+    hi = torch.minimum(ishift + right, lk - 1) if right >= 0 else lk - 1
+    return torch.clamp(hi - lo + 1, min=0)
+
+
+def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1) -> int:
+    """Exact number of visible (query, key) pairs of a batch: the FLOP count's unit (4*Hq*D per pair fwd)."""
+    q_lens = torch.as_tensor(q_lens)
+    kv_lens = torch.as_tensor(kv_lens)
+    return int(visible_counts_per_row(q_lens, kv_lens, left, right).sum())
+
+
+def tile_table(offsets: torch.Tensor, block: int, rows: int) -> torch.Tensor:
+    """Flat table of the real tiles of a jagged batch: int32 ``[2, capacity]`` of (sequence, tile index).
+
+    Sequence b of length L owns ``ceil(L / block)`` tiles. ``capacity = rows // block + B`` bounds the number
+    of tiles from the shapes alone, so the table is built on the offsets' device with no host sync (it can be
+    captured in a CUDA graph); unused entries have sequence -1 and their programs exit at once.
+    """
+    batch = offsets.numel() - 1
+    capacity = rows // block + batch
+    device = offsets.device
+    if batch <= 0 or capacity == 0:
+        return torch.full((2, capacity), -1, dtype=torch.int32, device=device)
+    lens = lengths(offsets.long())
+    tiles = (lens + block - 1) // block
+    ends = torch.cumsum(tiles, 0)
+    idx = torch.arange(capacity, device=device)
+    seq = torch.searchsorted(ends, idx, right=True)
+    valid = seq < batch
+    seq_c = torch.clamp(seq, max=batch - 1)
+    tile = idx - (ends - tiles)[seq_c]
+    table = torch.stack([torch.where(valid, seq_c, -1), torch.where(valid, tile, 0)])
+    return table.to(torch.int32)

@@ -1,0 +1,59 @@
+"""The one custom op every public call goes through: ``jfa::attention`` (+ its backward op), with fake
+(meta) implementations so torch.compile(fullgraph=True) traces it, and autograd registered on it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .backends import BACKENDS
+
+
+@torch.library.custom_op("jfa::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float,
+              window_left: int, window_right: int, broadcast: bool, backend: str) -> tuple[Tensor, Tensor]:
+    """-> (out [rows, Hq, D], lse [Hq, rows]); rows = Tq, or B * Lq in broadcast mode."""
+    return BACKENDS[backend].forward(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast)
+
+
+def _rows(q, kv_offsets, broadcast):
+    return (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
+
+
+@attention.register_fake
+def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend):
+    rows = _rows(q, kv_offsets, broadcast)
+    return q.new_empty(rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], rows, dtype=torch.float32)
+
+
+@torch.library.custom_op("jfa::attention_backward", mutates_args=())
+def attention_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                       lse: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float, window_left: int,
+                       window_right: int, broadcast: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    return BACKENDS[backend].backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left,
+                                      window_right, broadcast)
+
+
+@attention_backward.register_fake
+def _(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+    ctx.attrs = (scale, left, right, broadcast, backend)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = attention_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.attrs)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,5 @@
+"""The portable Triton backend: FlashAttention-2-style kernels over a flat tile table (GPU, or CPU through
+Triton's interpreter)."""
+from .launch import backward, forward, supports
+
+__all__ = ["forward", "backward", "supports"]

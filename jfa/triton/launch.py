@@ -1,0 +1,161 @@
+"""Launchers of the portable Triton kernels: tile tables, configs, grids. No host synchronisation.
+
+Everything a kernel needs about the batch comes from the offsets on the device (jfa.jagged.tile_table), and
+the grid is sized from the tensor shapes alone, so the launches can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..jagged import kernel_window, tile_table
+
+HEAD_DIMS = (32, 64, 96, 128, 256)  # tested; any head dim from 16 to 256 compiles
+
+
+def supports(head_dim: int, dtype: torch.dtype) -> bool:
+    return 16 <= head_dim <= 256 and dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """Whether Triton runs in its interpreter in this process (decided when triton was first imported)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(triton.language.standard.zeros, InterpretedFunction)
+
+
+def kernels_for(device: torch.device):
+    """The kernel module; CPU tensors need Triton's interpreter (jfa turns it on at import on a machine with
+    no CUDA device; elsewhere set TRITON_INTERPRET=1 before importing triton)."""
+    if device.type != "cuda" and not interpreting():
+        raise RuntimeError(
+            "backend='triton' runs CPU tensors in Triton's interpreter, but triton was imported in compiled "
+            "mode (this machine has CUDA, or triton was imported before jfa). Set TRITON_INTERPRET=1 in the "
+            "environment before importing triton, or use CUDA tensors, or backend='reference'.")
+    from . import kernels
+    return kernels
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int  # query rows per tile
+    block_n: int  # key rows per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class Configs:
+    fwd: TileConfig
+    dkdv: TileConfig  # the dK/dV pass owns key tiles of block_n rows, walks query blocks of block_m
+    dq: TileConfig
+
+
+# Interpreter (CPU): small, unequal tiles so the awkward lengths cross several blocks in both directions.
+_INTERPRETER = Configs(TileConfig(32, 16), TileConfig(16, 32), TileConfig(32, 16))
+
+
+def configs(device: torch.device, head_dim: int, dtype: torch.dtype) -> Configs:
+    """Tile shapes per device, head dim and dtype.
+
+    GPU: wgmma needs 64 rows per warpgroup in the first operand (fwd/dq: block_m, dK/dV: block_n). Sizes
+    chosen so ptxas reports no spills on sm_90 (tests/test_aot.py checks); they are a portable baseline,
+    not tuned: the Hopper backend is the fast path.
+    """
+    if device.type != "cuda":
+        return _INTERPRETER
+    if dtype == torch.float32:  # exact fp32 (no tf32): plain FMA dots, small tiles
+        return Configs(TileConfig(64, 32), TileConfig(32, 64), TileConfig(64, 32))
+    if head_dim <= 64:
+        return Configs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3))
+    if head_dim <= 128:
+        return Configs(TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2))
+    return Configs(TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 1), TileConfig(64, 32, 4, 1))
+
+
+def _dot_mode(dtype: torch.dtype) -> str:
+    """See DOT in kernels/common.py."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "upcast" if dtype == torch.bfloat16 and interpreting() else "tf32"  # tf32: no-op for 16-bit
+
+
+def _common(q, k, head_dim):
+    return dict(GROUP=q.shape[1] // k.shape[1], D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                DOT=_dot_mode(q.dtype))
+
+
+def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
+    """-> (out [rows, Hq, D], lse [Hq, rows] float32). q_offsets give the output rows (b*Lq in broadcast)."""
+    batch = kv_offsets.numel() - 1
+    rows = batch * q.shape[0] if broadcast else q.shape[0]
+    hq, head_dim = q.shape[1], q.shape[2]
+    out = torch.empty(rows, hq, head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(hq, rows, dtype=torch.float32, device=q.device)
+    if rows == 0 or batch == 0:
+        return out, lse
+    cfg = configs(q.device, head_dim, q.dtype).fwd
+    tiles = tile_table(q_offsets, cfg.block_m, rows)
+    lk, rk = kernel_window(left, right)
+    kernels_for(q.device).attention_fwd_kernel[(tiles.shape[1], hq)](
+        q, k, v, out, lse, q_offsets, kv_offsets, tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        tiles.shape[1], scale * math.log2(math.e), lk, rk,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_common(q, k, head_dim))
+    return out, lse
+
+
+def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
+    """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None."""
+    batch = kv_offsets.numel() - 1
+    rows = out.shape[0]
+    hq, head_dim = q.shape[1], q.shape[2]
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    # Broadcast: per-sequence float32 partials of dq, summed over the batch below.
+    dq = torch.empty(rows, hq, head_dim, device=q.device, dtype=torch.float32 if broadcast else q.dtype)
+    if batch == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    device, common = q.device, _common(q, k, head_dim)
+    cfgs = configs(device, head_dim, q.dtype)
+    kernels = kernels_for(device)
+    lk, rk = kernel_window(left, right)
+    qk_scale = scale * math.log2(math.e)
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+
+    delta = torch.empty_like(lse)
+    if rows > 0:
+        block_t = 64 if device.type == "cuda" else 16
+        kernels.attention_bwd_preprocess_kernel[(triton.cdiv(rows, block_t), hq)](
+            out, dout, dlse if dlse is not None else lse, delta, rows,
+            out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), lse.stride(0),
+            D=head_dim, BLOCK_D=common["BLOCK_D"], BLOCK_T=block_t, HAS_DLSE=dlse is not None)
+
+    if k.shape[0] > 0:
+        cfg = cfgs.dkdv
+        tiles = tile_table(kv_offsets, cfg.block_n, k.shape[0])
+        kernels.attention_bwd_dkdv_kernel[(tiles.shape[1], k.shape[1])](
+            q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, tiles,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
+            tiles.shape[1], scale, qk_scale, lk, rk,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+
+    if rows > 0:
+        cfg = cfgs.dq
+        tiles = tile_table(q_offsets, cfg.block_m, rows)
+        kernels.attention_bwd_dq_kernel[(tiles.shape[1], hq)](
+            q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, tiles,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), lse.stride(0),
+            tiles.shape[1], scale, qk_scale, lk, rk,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    if broadcast:
+        dq = dq.view(batch, q.shape[0], hq, head_dim).sum(0).to(q.dtype)
+    return dq, dk, dv
