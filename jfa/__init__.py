@@ -19,3 +19,5 @@ from .backends import available_backends  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["jagged_attention", "broadcast_attention", "available_backends", "__version__"]
+
+from . import flops as _flops  # noqa: E402,F401  (registers the FLOP formulas with torch.utils.flop_counter)

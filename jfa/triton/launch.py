@@ -60,18 +60,19 @@ _INTERPRETER = Configs(TileConfig(32, 16), TileConfig(16, 32), TileConfig(32, 16
 def configs(device: torch.device, head_dim: int, dtype: torch.dtype) -> Configs:
     """Tile shapes per device, head dim and dtype.
 
-    GPU: wgmma needs 64 rows per warpgroup in the first operand (fwd/dq: block_m, dK/dV: block_n). Sizes
-    chosen so ptxas reports no spills on sm_90 (tests/test_aot.py checks); they are a portable baseline,
-    not tuned: the Hopper backend is the fast path.
+    GPU: wgmma needs 64 rows per warpgroup in the first operand (fwd/dq: block_m, dK/dV: block_n). A
+    portable baseline picked by the compiler's spill report (tests/test_aot.py), not tuned by timing.
     """
     if device.type != "cuda":
         return _INTERPRETER
     if dtype == torch.float32:  # exact fp32 (no tf32): plain FMA dots, small tiles
         return Configs(TileConfig(64, 32), TileConfig(32, 64), TileConfig(64, 32))
+    # sm_90 ptxas, bf16 (docs/perf-notes.md, "AOT"): 0 spills at D<=64 and for the D=128 forward;
+    # the D=128 backward spills least with these (dK/dV 748 B, dQ 32 B); D=256 spills everywhere.
     if head_dim <= 64:
-        return Configs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3))
+        return Configs(TileConfig(128, 64, 8, 3), TileConfig(64, 64, 8, 2), TileConfig(64, 64, 8, 2))
     if head_dim <= 128:
-        return Configs(TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2))
+        return Configs(TileConfig(128, 64, 8, 2), TileConfig(16, 64, 4, 2), TileConfig(64, 16, 4, 2))
     return Configs(TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 1), TileConfig(64, 32, 4, 1))
 
 

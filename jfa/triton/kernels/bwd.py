@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .common import key_blocks, mma, query_blocks, sequence_bounds, visible
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -37,20 +37,19 @@ def attention_bwd_preprocess_kernel(O, DO, DLSE, DELTA, rows, stride_ot, stride_
 
 
 @triton.jit
-def _dkdv_blocks(dk, dv, b_k, b_v, Q, DO, LSE, DELTA, q_row0, o_row0, offs_n, offs_d, start, end,
-                 q_len, kv_len, LEFT, RIGHT, qk_scale, stride_qt, stride_dot,
-                 D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
-    m_d = offs_d < D
+def _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSE, DELTA, offs_n, start, end, q_len, kv_len, LEFT, RIGHT,
+                 qk_scale, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
+    """Query blocks [start, end) of one head: p_qt / p_do are block pointers at query 0 (advanced here);
+    LSE / DELTA point at the head's row 0 of this sequence."""
+    p_qt = tl.advance(p_qt, (0, start))
+    p_do = tl.advance(p_do, (start, 0))
     for m0 in range(start, end, BLOCK_M):
         o_m = m0 + tl.arange(0, BLOCK_M)
-        m_m = o_m < q_len
-        p_qt = Q + (q_row0 + o_m)[None, :].to(tl.int64) * stride_qt + offs_d[:, None]
-        b_qt = tl.load(p_qt, mask=m_d[:, None] & m_m[None, :], other=0.0)  # [BLOCK_D, BLOCK_M]
-        p_do = DO + (o_row0 + o_m)[:, None].to(tl.int64) * stride_dot + offs_d[None, :]
-        b_do = tl.load(p_do, mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-        b_lse = tl.load(LSE + o_row0 + o_m, mask=m_m, other=0.0) * LOG2E
+        b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_D, BLOCK_M]
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_M, BLOCK_D]
+        b_lse = tl.load(LSE + o_m, mask=o_m < q_len, other=0.0) * LOG2E
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)  # a row that sees nothing: P = 0
-        b_delta = tl.load(DELTA + o_row0 + o_m, mask=m_m, other=0.0)
+        b_delta = tl.load(DELTA + o_m, mask=o_m < q_len, other=0.0)
         b_pt = tl.exp2(mma(b_k, b_qt, DOT) * qk_scale - b_lse[None, :])  # [BLOCK_N, BLOCK_M]
         if MASKED:
             b_pt = tl.where(visible(o_m[None, :], offs_n[:, None], q_len, kv_len, LEFT, RIGHT), b_pt, 0.0)
@@ -58,6 +57,8 @@ def _dkdv_blocks(dk, dv, b_k, b_v, Q, DO, LSE, DELTA, q_row0, o_row0, offs_n, of
         b_dpt = mma(b_v, tl.trans(b_do), DOT)  # [BLOCK_N, BLOCK_M]
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         dk += mma(b_dst.to(b_qt.dtype), tl.trans(b_qt), DOT)
+        p_qt = tl.advance(p_qt, (0, BLOCK_M))
+        p_do = tl.advance(p_do, (BLOCK_M, 0))
     return dk, dv
 
 
@@ -77,59 +78,64 @@ def attention_bwd_dkdv_kernel(
         return
     n0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_N
     q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
-    q_row0 = 0 if BROADCAST else q_start
+    Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
+    DO += q_start.to(tl.int64) * stride_dot
+    LSE += q_start
+    DELTA += q_start
 
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_kv = (offs_n < kv_len)[:, None] & (offs_d < D)[None, :]
-    p_k = K + (kv_start + offs_n)[:, None].to(tl.int64) * stride_kt + i_hk * stride_kh + offs_d[None, :]
-    p_v = V + (kv_start + offs_n)[:, None].to(tl.int64) * stride_vt + i_hk * stride_vh + offs_d[None, :]
-    b_k = tl.load(p_k, mask=m_kv, other=0.0)  # [BLOCK_N, BLOCK_D]
-    b_v = tl.load(p_v, mask=m_kv, other=0.0)
+    kv_rows = kv_start.to(tl.int64)
+    p_k = tl.make_block_ptr(K + kv_rows * stride_kt + i_hk * stride_kh, (kv_len, D), (stride_kt, 1), (n0, 0),
+                            (BLOCK_N, BLOCK_D), (1, 0))
+    p_v = tl.make_block_ptr(V + kv_rows * stride_vt + i_hk * stride_vh, (kv_len, D), (stride_vt, 1), (n0, 0),
+                            (BLOCK_N, BLOCK_D), (1, 0))
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_N, BLOCK_D]
+    b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = query_blocks(n0, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     for g in range(GROUP):  # the query heads of this kv head's group, reduced here (no atomics)
         i_h = i_hk * GROUP + g
-        Qh = Q + i_h * stride_qh
-        DOh = DO + i_h * stride_doh
+        p_qt = tl.make_block_ptr(Q_seq + i_h * stride_qh, (D, q_len), (1, stride_qt), (0, 0), (BLOCK_D, BLOCK_M),
+                                 (0, 1))
+        p_do = tl.make_block_ptr(DO + i_h * stride_doh, (q_len, D), (stride_dot, 1), (0, 0), (BLOCK_M, BLOCK_D),
+                                 (1, 0))
         LSEh = LSE + i_h * stride_lh
         DELTAh = DELTA + i_h * stride_lh
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, Qh, DOh, LSEh, DELTAh, q_row0, q_start, offs_n, offs_d, lo,
-                              full_lo, q_len, kv_len, LEFT, RIGHT, qk_scale, stride_qt, stride_dot,
-                              D, BLOCK_M, True, DOT)
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, Qh, DOh, LSEh, DELTAh, q_row0, q_start, offs_n, offs_d, full_lo,
-                              full_hi, q_len, kv_len, LEFT, RIGHT, qk_scale, stride_qt, stride_dot,
-                              D, BLOCK_M, False, DOT)
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, Qh, DOh, LSEh, DELTAh, q_row0, q_start, offs_n, offs_d, full_hi,
-                              hi, q_len, kv_len, LEFT, RIGHT, qk_scale, stride_qt, stride_dot,
-                              D, BLOCK_M, True, DOT)
+        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, lo, full_lo, q_len, kv_len,
+                              LEFT, RIGHT, qk_scale, BLOCK_M, True, DOT)
+        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_lo, full_hi, q_len, kv_len,
+                              LEFT, RIGHT, qk_scale, BLOCK_M, False, DOT)
+        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_hi, hi, q_len, kv_len,
+                              LEFT, RIGHT, qk_scale, BLOCK_M, True, DOT)
 
-    p_dk = DK + (kv_start + offs_n)[:, None].to(tl.int64) * stride_dkt + i_hk * stride_dkh + offs_d[None, :]
-    p_dv = DV + (kv_start + offs_n)[:, None].to(tl.int64) * stride_dvt + i_hk * stride_dvh + offs_d[None, :]
-    tl.store(p_dk, (dk * scale).to(DK.dtype.element_ty), mask=m_kv)
-    tl.store(p_dv, dv.to(DV.dtype.element_ty), mask=m_kv)
+    p_dk = tl.make_block_ptr(DK + kv_rows * stride_dkt + i_hk * stride_dkh, (kv_len, D), (stride_dkt, 1), (n0, 0),
+                             (BLOCK_N, BLOCK_D), (1, 0))
+    p_dv = tl.make_block_ptr(DV + kv_rows * stride_dvt + i_hk * stride_dvh, (kv_len, D), (stride_dvt, 1), (n0, 0),
+                             (BLOCK_N, BLOCK_D), (1, 0))
+    tl.store(p_dk, (dk * scale).to(DK.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dv, dv.to(DV.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
-def _dq_blocks(dq, b_q, b_do, b_lse, b_delta, K, V, kv_start, offs_m, offs_d, start, end, q_len, kv_len,
-               LEFT, RIGHT, qk_scale, stride_kt, stride_vt,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
-    m_d = offs_d < D
+def _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, start, end, q_len, kv_len, LEFT, RIGHT, qk_scale,
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
+    """Key blocks [start, end): p_k / p_vt are block pointers at the sequence's key 0 (advanced here)."""
+    p_k = tl.advance(p_k, (start, 0))
+    p_vt = tl.advance(p_vt, (0, start))
     for n0 in range(start, end, BLOCK_N):
-        o_n = n0 + tl.arange(0, BLOCK_N)
-        m_n = o_n < kv_len
-        b_k = tl.load(K + (kv_start + o_n)[:, None].to(tl.int64) * stride_kt + offs_d[None, :],
-                      mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        b_vt = tl.load(V + (kv_start + o_n)[None, :].to(tl.int64) * stride_vt + offs_d[:, None],
-                       mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
-        b_p = tl.exp2(mma(b_q, tl.trans(b_k), DOT) * qk_scale - b_lse[:, None])
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_N, BLOCK_D]
+        b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_D, BLOCK_N]
+        b_p = tl.exp2(mma(b_q, tl.trans(b_k), DOT) * qk_scale - b_lse[:, None])  # [BLOCK_M, BLOCK_N]
         if MASKED:
+            o_n = n0 + tl.arange(0, BLOCK_N)
             b_p = tl.where(visible(offs_m[:, None], o_n[None, :], q_len, kv_len, LEFT, RIGHT), b_p, 0.0)
         b_dp = mma(b_do, b_vt, DOT)  # [BLOCK_M, BLOCK_N]
         b_ds = b_p * (b_dp - b_delta[:, None])
         dq += mma(b_ds.to(b_k.dtype), b_k, DOT)
+        p_k = tl.advance(p_k, (BLOCK_N, 0))
+        p_vt = tl.advance(p_vt, (0, BLOCK_N))
     return dq
 
 
@@ -149,29 +155,33 @@ def attention_bwd_dq_kernel(
         return
     m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
     q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
-    q_row0 = 0 if BROADCAST else q_start
+    Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
+    q_rows, kv_rows, i_hk = q_start.to(tl.int64), kv_start.to(tl.int64), i_h // GROUP
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_q = (offs_m < q_len)[:, None] & (offs_d < D)[None, :]
-    b_q = tl.load(Q + (q_row0 + offs_m)[:, None].to(tl.int64) * stride_qt + i_h * stride_qh + offs_d[None, :],
-                  mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-    b_do = tl.load(DO + (q_start + offs_m)[:, None].to(tl.int64) * stride_dot + i_h * stride_doh
-                   + offs_d[None, :], mask=m_q, other=0.0)
+    p_q = tl.make_block_ptr(Q_seq + i_h * stride_qh, (q_len, D), (stride_qt, 1), (m0, 0), (BLOCK_M, BLOCK_D),
+                            (1, 0))
+    p_do = tl.make_block_ptr(DO + q_rows * stride_dot + i_h * stride_doh, (q_len, D), (stride_dot, 1), (m0, 0),
+                             (BLOCK_M, BLOCK_D), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_M, BLOCK_D]
+    b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
     b_lse = tl.load(LSE + i_h * stride_lh + q_start + offs_m, mask=offs_m < q_len, other=0.0) * LOG2E
     b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
     b_delta = tl.load(DELTA + i_h * stride_lh + q_start + offs_m, mask=offs_m < q_len, other=0.0)
+    p_k = tl.make_block_ptr(K + kv_rows * stride_kt + i_hk * stride_kh, (kv_len, D), (stride_kt, 1), (0, 0),
+                            (BLOCK_N, BLOCK_D), (1, 0))
+    p_vt = tl.make_block_ptr(V + kv_rows * stride_vt + i_hk * stride_vh, (D, kv_len), (1, stride_vt), (0, 0),
+                             (BLOCK_D, BLOCK_N), (0, 1))
 
-    K += (i_h // GROUP) * stride_kh
-    V += (i_h // GROUP) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_blocks(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, K, V, kv_start, offs_m, offs_d, lo, full_lo, q_len, kv_len,
-                    LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, True, DOT)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, K, V, kv_start, offs_m, offs_d, full_lo, full_hi, q_len,
-                    kv_len, LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, False, DOT)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, K, V, kv_start, offs_m, offs_d, full_hi, hi, q_len, kv_len,
-                    LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, True, DOT)
+    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, lo, full_lo, q_len, kv_len, LEFT, RIGHT,
+                    qk_scale, BLOCK_N, True, DOT)
+    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_lo, full_hi, q_len, kv_len, LEFT, RIGHT,
+                    qk_scale, BLOCK_N, False, DOT)
+    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_hi, hi, q_len, kv_len, LEFT, RIGHT,
+                    qk_scale, BLOCK_N, True, DOT)
     # Broadcast: DQ is a float32 buffer of per-sequence partials (rows follow q_offsets), summed afterwards.
-    p_dq = DQ + (q_start + offs_m)[:, None].to(tl.int64) * stride_dqt + i_h * stride_dqh + offs_d[None, :]
-    tl.store(p_dq, (dq * scale).to(DQ.dtype.element_ty), mask=m_q)
+    p_dq = tl.make_block_ptr(DQ + q_rows * stride_dqt + i_h * stride_dqh, (q_len, D), (stride_dqt, 1), (m0, 0),
+                             (BLOCK_M, BLOCK_D), (1, 0))
+    tl.store(p_dq, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0, 1))

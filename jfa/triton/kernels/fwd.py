@@ -10,12 +10,12 @@ import triton.language as tl
 
 from .common import key_blocks, mma, sequence_bounds, visible
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _fwd_blocks(acc, l_i, m_i, b_q, K, V, kv_start, offs_m, offs_d, start, end, q_len, kv_len,
+def _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, start, end, q_len, kv_len,
                 LEFT, RIGHT, qk_scale, stride_kt, stride_vt,
                 D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
@@ -23,7 +23,7 @@ def _fwd_blocks(acc, l_i, m_i, b_q, K, V, kv_start, offs_m, offs_d, start, end, 
     for n0 in range(start, end, BLOCK_N):
         o_n = n0 + offs_n
         m_n = o_n < kv_len
-        p_k = K + (kv_start + o_n)[None, :].to(tl.int64) * stride_kt + offs_d[:, None]
+        p_k = K + o_n[None, :] * stride_kt + offs_d[:, None]
         b_kt = tl.load(p_k, mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
         b_s = mma(b_q, b_kt, DOT) * qk_scale  # [BLOCK_M, BLOCK_N]
         if MASKED:
@@ -36,7 +36,7 @@ def _fwd_blocks(acc, l_i, m_i, b_q, K, V, kv_start, offs_m, offs_d, start, end, 
         b_p = tl.exp2(b_s - m_new_safe[:, None])
         alpha = tl.exp2(m_i - m_new_safe)
         l_i = l_i * alpha + tl.sum(b_p, 1)
-        p_v = V + (kv_start + o_n)[:, None].to(tl.int64) * stride_vt + offs_d[None, :]
+        p_v = V + o_n[:, None] * stride_vt + offs_d[None, :]
         b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + mma(b_p.to(b_v.dtype), b_v, DOT)
         m_i = m_new
@@ -58,33 +58,35 @@ def attention_fwd_kernel(
         return
     m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
     q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
-    q_row0 = 0 if BROADCAST else q_start  # broadcast: every sequence reads the same dense q
+    Q += i_h * stride_qh
+    if not BROADCAST:  # broadcast: every sequence reads the same dense q rows
+        Q += q_start.to(tl.int64) * stride_qt
+    K += kv_start.to(tl.int64) * stride_kt + (i_h // GROUP) * stride_kh
+    V += kv_start.to(tl.int64) * stride_vt + (i_h // GROUP) * stride_vh
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_m = offs_m < q_len
     m_d = offs_d < D
-    p_q = Q + (q_row0 + offs_m)[:, None].to(tl.int64) * stride_qt + i_h * stride_qh + offs_d[None, :]
+    p_q = Q + offs_m[:, None] * stride_qt + offs_d[None, :]
     b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
 
-    K += (i_h // GROUP) * stride_kh
-    V += (i_h // GROUP) * stride_vh
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = key_blocks(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, kv_start, offs_m, offs_d, lo, full_lo, q_len, kv_len,
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, lo, full_lo, q_len, kv_len,
                                 LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, True, DOT)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, kv_start, offs_m, offs_d, full_lo, full_hi, q_len,
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_lo, full_hi, q_len,
                                 kv_len, LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, False, DOT)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, kv_start, offs_m, offs_d, full_hi, hi, q_len, kv_len,
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_hi, hi, q_len, kv_len,
                                 LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, True, DOT)
 
     # A row that saw no key: output 0, lse -inf.
     seen = l_i > 0.0
     b_o = acc / tl.where(seen, l_i, 1.0)[:, None]
     b_lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
-    p_o = O + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot + i_h * stride_oh + offs_d[None, :]
+    p_o = O + q_start.to(tl.int64) * stride_ot + i_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
     tl.store(LSE + i_h * stride_lh + q_start + offs_m, b_lse, mask=m_m)

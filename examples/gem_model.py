@@ -1,0 +1,160 @@
+"""Train the GEM-style click model (jfa.models.GEMModel) on synthetic jagged histories; measure each attention.
+
+    python examples/gem_model.py --attention jfa --steps 50                   # one process (GPU if any)
+    torchrun --nproc_per_node 8 examples/gem_model.py --attention fa2 --balance
+    torchrun --nproc_per_node 2 examples/gem_model.py --device cpu --backend reference --steps 20
+
+Every rank draws the same global batch (seed + step) of ``world * batch`` histories with skewed lengths
+(the benchmark suite's recipe) and keeps its share: contiguous equal-count chunks, or with ``--balance`` a
+greedy LPT partition by attention cost (sum of Lq*Lk per rank). The loss is a sum over the rank's users
+scaled so DDP's gradient average equals the global-batch mean. Prints one line per step (time, tokens/s,
+peak memory, loss, rank cost imbalance) and a final JSON summary line (medians over steps after --warmup).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from jfa import models  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--attention", choices=models.IMPLS, default="jfa")
+    p.add_argument("--backend", default="auto", help="jfa backend (auto, reference, triton)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="autocast dtype (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=3, help="steps left out of the summary's medians")
+    p.add_argument("--batch", type=int, default=64, help="users per rank (the global batch is world x this)")
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--num-items", type=int, default=10000)
+    p.add_argument("--trigger-rate", type=float, default=0.0, help="data difficulty, see synthetic_batch")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=None, help="GQA: fewer kv heads than heads")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--pma-queries", type=int, default=8)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--balance", action="store_true", help="assign users to ranks by attention cost (LPT)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--quiet", action="store_true", help="only the final JSON line")
+    return p.parse_args(argv)
+
+
+def setup(args):
+    """-> (rank, world, device); starts the process group under torchrun (NCCL on GPUs, gloo on CPU)."""
+    want_cuda = args.device == "cuda" or (args.device is None and torch.cuda.is_available())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if want_cuda else torch.device("cpu")
+    if want_cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if want_cuda else "gloo", device_id=device if want_cuda else None)
+    return rank, world, device
+
+
+def rank_batch(args, step, rank, world):
+    """This rank's (items, offsets, labels) of the global batch of `step`, and every rank's cost."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    items, offsets, labels = models.synthetic_batch(world * args.batch, args.max_len, args.num_items, g,
+                                                    trigger_rate=args.trigger_rate)
+    lens = offsets[1:] - offsets[:-1]
+    costs = models.attention_cost(lens)
+    if args.balance:
+        parts = models.lpt_partition(costs, world)
+    else:
+        parts = models.chunk_partition(lens.numel(), world)
+    loads = models.rank_loads(costs, parts)
+    return models.select_sequences(items, offsets, labels, parts[rank]), loads
+
+
+def peak_memory_mb(device):
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak RSS (Linux: KiB)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rank, world, device = setup(args)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[args.dtype or
+                                                                          ("bf16" if device.type == "cuda" else "fp32")]
+    if args.attention == "fa2" and (device.type != "cuda" or dtype is None):
+        raise SystemExit("--attention fa2 (varlen_attn) needs CUDA and --dtype bf16/fp16")
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
+    model = models.GEMModel(args.num_items, d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
+                            layers=args.layers, pma_queries=args.pma_queries, max_pos=max(args.max_len, 1),
+                            causal=args.causal, impl=args.attention, backend=args.backend).to(device)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                          else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    global_batch = world * args.batch
+    log, losses = [], []
+    for step in range(args.steps):
+        (items, offsets, labels), loads = rank_batch(args, step, rank, world)
+        max_len = int((offsets[1:] - offsets[:-1]).max())  # known on the host already: no sync
+        items, offsets, labels = (t.to(device, non_blocking=True) for t in (items, offsets, labels))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(items, offsets, max_len=max_len)
+        loss_sum = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="sum")
+        (loss_sum * (world / global_batch)).backward()  # DDP averages over ranks -> the global mean
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        stats = torch.stack([loss_sum.detach().float(), torch.tensor(float(items.numel()), device=device)])
+        if world > 1:
+            dist.all_reduce(stats)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        loss, tokens = stats[0].item() / global_batch, stats[1].item()
+        losses.append(loss)
+        rec = {"step": step, "time_s": dt, "tokens_per_s": tokens / dt, "loss": loss,
+               "peak_mem_mb": peak_memory_mb(device), "cost_imbalance": max(loads) / max(1, sum(loads) / world)}
+        log.append(rec)
+        if rank == 0 and not args.quiet:
+            print(f"step {step:4d}  {dt * 1e3:8.1f} ms  {rec['tokens_per_s']:10.0f} tok/s  "
+                  f"peak {rec['peak_mem_mb']:8.1f} MiB  loss {loss:.4f}  max/mean rank cost "
+                  f"{rec['cost_imbalance']:.2f}", flush=True)
+    timed = log[args.warmup:] or log
+    k = max(1, min(5, len(losses) // 4))
+    summary = {"attention": args.attention, "backend": args.backend, "device": device.type, "world": world,
+               "balance": args.balance, "causal": args.causal, "steps": args.steps, "batch_per_rank": args.batch,
+               "max_len": args.max_len, "median_step_s": statistics.median(r["time_s"] for r in timed),
+               "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+               "peak_mem_mb": max(r["peak_mem_mb"] for r in log),
+               "mean_cost_imbalance": statistics.fmean(r["cost_imbalance"] for r in log),
+               "first_loss": statistics.fmean(losses[:k]), "final_loss": statistics.fmean(losses[-k:])}
+    if rank == 0:
+        print(json.dumps(summary), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""The providers: jfa's backends and the peers, each called the way its own users call it.
+
+A provider is asked ``skip_reason(inp)`` (None, or why it cannot run this workload here: not installed, no
+CUDA, an unsupported mode) and then ``build(inp) -> (fn, extras)``: ``fn()`` runs the forward on the shared
+leaf tensors ``inp.q, inp.k, inp.v`` and returns the output as ``[rows, Hq, D]`` in packed row order
+(``rows = B * Lq`` in broadcast mode), differentiable, so that ``fn().backward(inp.dout)`` fills their
+gradients. Whatever a user must do around the kernel (expanding the broadcast q, padding for SDPA,
+repeating k/v heads where a peer has no GQA) happens inside ``fn`` and is timed; one-off set-up that a user
+can cache (FlexAttention's block mask) happens in ``build`` and is reported in ``extras``.
+
+  jfa-<backend>  every backend of jfa.backends.BACKENDS that takes the device, head dim and dtype
+  jfa            backend="auto"
+  fa2            torch.nn.attention.varlen.varlen_attn (FlashAttention 2 inside PyTorch)
+  fa4            flash_attn.cute.flash_attn_varlen_func (flash-attn-4), when it imports
+  flex           torch.compile(flex_attention) with a document-id block mask
+  sdpa-padded    dense scaled_dot_product_attention on [B, H, Lmax, D] with a boolean mask
+"""
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+import jfa
+from jfa.backends import BACKENDS, available_backends
+
+from .suite import Inputs
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _expand_q(inp: Inputs):
+    """Broadcast mode, as a peer's user does it: the dense q repeated per sequence, [B*Lq, Hq, D]."""
+    q = inp.q
+    if not inp.workload.broadcast:
+        return q
+    return q.unsqueeze(0).expand(inp.batch, *q.shape).reshape(inp.batch * q.shape[0], *q.shape[1:])
+
+
+def _peer_checks(inp: Inputs, need_cuda=True):
+    if need_cuda and inp.q.device.type != "cuda":
+        return "needs a CUDA device"
+    if inp.q.dtype not in (torch.float16, torch.bfloat16):
+        return f"takes fp16/bf16 only, not {inp.q.dtype}"
+    return None
+
+
+class Provider:
+    name = "?"
+    peer = True  # False for jfa's own providers (the ratios compare jfa with the fastest peer)
+
+    def skip_reason(self, inp: Inputs) -> str | None:
+        return None
+
+    def build(self, inp: Inputs):
+        raise NotImplementedError
+
+
+class Jfa(Provider):
+    peer = False
+
+    def __init__(self, backend="auto", explicit=False):
+        self.backend = backend
+        self.explicit = explicit
+        self.name = "jfa" if backend == "auto" else f"jfa-{backend}"
+
+    def skip_reason(self, inp):
+        if self.backend == "auto":
+            return None
+        takers = available_backends(inp.q.device, inp.workload.head_dim, inp.q.dtype)
+        if self.backend not in takers:
+            return f"backend {self.backend!r} does not take this device/head dim/dtype"
+        if self.backend == "reference" and inp.q.device.type == "cuda" and not self.explicit:
+            return "the reference is the correctness spec, not a fast path (ask for it with --providers)"
+        return None
+
+    def build(self, inp):
+        w = inp.workload
+        # Both max lengths given: no host sync inside the timed region (the offsets are trusted).
+        if w.broadcast:
+            def fn():
+                out = jfa.broadcast_attention(inp.q, inp.k, inp.v, inp.kv_offsets, max_kv_len=inp.max_kv,
+                                              window=inp.window, backend=self.backend)
+                return out.view(-1, out.shape[2], out.shape[3])
+        else:
+            def fn():
+                return jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets,
+                                            max_q_len=inp.max_q, max_kv_len=inp.max_kv, window=inp.window,
+                                            backend=self.backend)
+        return fn, {}
+
+
+class TorchVarlen(Provider):
+    """FlashAttention 2 as shipped in PyTorch: torch.nn.attention.varlen.varlen_attn."""
+    name = "fa2"
+
+    def skip_reason(self, inp):
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError as e:
+            return f"torch {torch.__version__} has no torch.nn.attention.varlen ({e})"
+        params = inspect.signature(varlen_attn).parameters
+        if inp.window != (-1, -1) and "window_size" not in params:
+            return f"varlen_attn of torch {torch.__version__} takes no window_size"
+        if inp.workload.head_dim > 256 or inp.workload.head_dim % 8:
+            return f"head dim {inp.workload.head_dim} not supported by FA2"
+        return _peer_checks(inp)
+
+    def build(self, inp):
+        from torch.nn.attention.varlen import varlen_attn
+        params = inspect.signature(varlen_attn).parameters
+        w = inp.workload
+        group = w.heads_q // w.heads_kv
+        kwargs = {"scale": inp.scale}
+        if inp.window != (-1, -1):
+            kwargs["window_size"] = tuple(inp.window)
+        native_gqa = group > 1 and "enable_gqa" in params
+        if native_gqa:
+            kwargs["enable_gqa"] = True
+        cu_q, cu_k, max_q, max_k = inp.q_offsets, inp.kv_offsets, inp.max_q, inp.max_kv
+
+        def fn():
+            k, v = inp.k, inp.v
+            if group > 1 and not native_gqa:
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            return varlen_attn(_expand_q(inp), k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+        note = ("GQA: enable_gqa=True" if native_gqa else "GQA: k, v repeated per q head") if group > 1 else ""
+        return fn, ({"note": note} if note else {})
+
+
+class FA4(Provider):
+    """flash-attn-4 (CuTe DSL): flash_attn.cute.flash_attn_varlen_func."""
+    name = "fa4"
+
+    def skip_reason(self, inp):
+        try:
+            import flash_attn.cute  # noqa: F401
+        except Exception as e:  # ImportError, or a broken CUDA/DSL install
+            return f"flash_attn.cute does not import ({type(e).__name__}: {str(e)[:120]}); see scripts/fetch_fa4.sh"
+        return _peer_checks(inp)
+
+    def build(self, inp):
+        from flash_attn.cute import flash_attn_varlen_func
+        left, right = inp.window
+        causal = (left, right) == (-1, 0)
+        window = (None, None) if causal else (None if left < 0 else left, None if right < 0 else right)
+
+        def fn():
+            out = flash_attn_varlen_func(_expand_q(inp), inp.k, inp.v, cu_seqlens_q=inp.q_offsets,
+                                         cu_seqlens_k=inp.kv_offsets, max_seqlen_q=inp.max_q,
+                                         max_seqlen_k=inp.max_kv, softmax_scale=inp.scale, causal=causal,
+                                         window_size=window)
+            return out[0] if isinstance(out, tuple) else out
+        return fn, {}
+
+
+_FLEX = None
+
+
+def _compiled_flex():
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        # One static compile per workload shape (and per gate prefix): raise dynamo's recompile limit (8 by
+        # default), past which it would silently fall back to the eager, unfused flex_attention.
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    return _FLEX
+
+
+def _doc_positions(lens: torch.Tensor, device):
+    """(document id, position in its document) of every packed row, int32 on the device."""
+    lens = lens.to(device)
+    rows = int(lens.sum())
+    doc = torch.repeat_interleave(torch.arange(lens.numel(), device=device), lens, output_size=rows)
+    starts = torch.cumsum(lens, 0) - lens
+    pos = torch.arange(rows, device=device) - starts[doc]
+    return doc.to(torch.int32), pos.to(torch.int32)
+
+
+class Flex(Provider):
+    """FlexAttention: torch.compile(flex_attention) on the packed batch ([1, H, T, D]) with a document mask."""
+    name = "flex"
+
+    def skip_reason(self, inp):
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+        except ImportError as e:
+            return f"no FlexAttention in torch {torch.__version__} ({e})"
+        return _peer_checks(inp)
+
+    def build(self, inp):
+        from torch.nn.attention.flex_attention import create_block_mask
+        device = inp.q.device
+        left, right = inp.window
+        doc_q, pos_q = _doc_positions(inp.q_lens, device)
+        doc_k, pos_k = _doc_positions(inp.kv_lens, device)
+        shift = (inp.kv_lens - inp.q_lens).to(device=device, dtype=torch.int32)
+        ipos_q = pos_q + shift[doc_q]  # bottom-right aligned query position
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            m = doc_q[q_idx] == doc_k[kv_idx]
+            if left >= 0:
+                m = m & (pos_k[kv_idx] >= ipos_q[q_idx] - left)
+            if right >= 0:
+                m = m & (pos_k[kv_idx] <= ipos_q[q_idx] + right)
+            return m
+
+        rows, tk = doc_q.numel(), doc_k.numel()
+        times = []
+        for _ in range(2):  # the first build compiles; the second is what a user pays per batch
+            _sync(device)
+            t0 = time.perf_counter()
+            block_mask = create_block_mask(mask_mod, None, None, rows, tk, device=device, _compile=True)
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        flex = _compiled_flex()
+        gqa = inp.workload.heads_q != inp.workload.heads_kv
+
+        def fn():
+            q = _expand_q(inp).transpose(0, 1).unsqueeze(0)  # [1, Hq, rows, D]
+            k, v = inp.k.transpose(0, 1).unsqueeze(0), inp.v.transpose(0, 1).unsqueeze(0)
+            out = flex(q, k, v, block_mask=block_mask, scale=inp.scale, enable_gqa=gqa)
+            return out[0].transpose(0, 1)
+        return fn, {"build_ms": times[1], "build_first_ms": times[0]}
+
+
+def sdpa_padded_bytes(inp: Inputs) -> int:
+    """Rough peak bytes of the padded SDPA baseline: padded q/k/v/out and their grads, the mask, and on the
+    CPU (math kernel) the fp32 score matrices."""
+    w, b = inp.workload, inp.batch
+    elt = inp.q.element_size()
+    padded = b * (inp.max_q * w.heads_q + 2 * inp.max_kv * w.heads_kv) * w.head_dim * elt * 3
+    mask = b * inp.max_q * inp.max_kv * 3
+    scores = b * w.heads_q * inp.max_q * inp.max_kv * 4 * 3 if inp.q.device.type == "cpu" else 0
+    return padded + mask + scores
+
+
+class SdpaPadded(Provider):
+    """The dense baseline: pad to [B, H, Lmax, D], run scaled_dot_product_attention with a boolean mask."""
+    name = "sdpa-padded"
+
+    def skip_reason(self, inp):
+        need = sdpa_padded_bytes(inp)
+        if inp.q.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(inp.q.device)
+            budget = int(0.6 * free)
+        else:
+            budget = 2 << 30
+        if need > budget:
+            return f"padded tensors and mask need ~{need / 2**30:.1f} GiB, over the {budget / 2**30:.1f} GiB budget"
+        return None
+
+    def build(self, inp):
+        w, device = inp.workload, inp.q.device
+        b, lq, lk = inp.batch, inp.max_q, inp.max_kv
+        left, right = inp.window
+        q_lens, kv_lens = inp.q_lens.to(device), inp.kv_lens.to(device)
+        doc_q, pos_q = _doc_positions(inp.q_lens, device)
+        doc_k, pos_k = _doc_positions(inp.kv_lens, device)
+        slot_q = (doc_q.long() * lq + pos_q)  # packed row -> row of the padded [B*Lq] layout
+        slot_k = (doc_k.long() * lk + pos_k)
+        i = torch.arange(lq, device=device).view(1, lq, 1) + (kv_lens - q_lens).view(b, 1, 1)
+        j = torch.arange(lk, device=device).view(1, 1, lk)
+        key_ok = j < kv_lens.view(b, 1, 1)
+        mask = key_ok.expand(b, lq, lk).clone()
+        if left >= 0:
+            mask &= j >= i - left
+        if right >= 0:
+            mask &= j <= i + right
+        pad_row = torch.arange(lq, device=device).view(1, lq, 1) >= q_lens.view(b, 1, 1)
+        mask = torch.where(pad_row, key_ok, mask).unsqueeze(1)  # padded query rows see the keys: no NaN
+        gqa = w.heads_q != w.heads_kv
+
+        def pad(x, slots, length):
+            flat = x.new_zeros(b * length, *x.shape[1:]).index_copy(0, slots, x)
+            return flat.view(b, length, *x.shape[1:]).transpose(1, 2)  # [B, H, L, D]
+
+        def fn():
+            if w.broadcast:
+                q = inp.q.unsqueeze(0).expand(b, *inp.q.shape).transpose(1, 2)
+            else:
+                q = pad(inp.q, slot_q, lq)
+            k, v = pad(inp.k, slot_k, lk), pad(inp.v, slot_k, lk)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=inp.scale,
+                                                                   enable_gqa=gqa)
+            out = out.transpose(1, 2).reshape(b * lq, w.heads_q, w.head_dim)
+            return out if w.broadcast else out.index_select(0, slot_q)
+        return fn, {}
+
+
+def all_providers() -> list[Provider]:
+    """jfa (auto), one jfa-<backend> per registered backend, then the peers."""
+    return [Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [TorchVarlen(), FA4(), Flex(), SdpaPadded()]
+
+
+def select(names: str | None) -> list[Provider]:
+    providers = all_providers()
+    if not names:
+        return providers
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {p.name: p for p in providers}
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise ValueError(f"--providers: unknown {missing}; known: {sorted(known)}")
+    chosen = [known[n] for n in wanted]
+    # An explicit request for the reference lifts its "not a fast path" skip.
+    for p in chosen:
+        if isinstance(p, Jfa) and p.backend == "reference":
+            p.explicit = True
+    return chosen

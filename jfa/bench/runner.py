@@ -1,0 +1,262 @@
+"""The run: for each workload, build the shared inputs, check every provider against jfa's reference, time
+the ones that agree, and collect results.json's structure.
+
+Correctness gate (per provider, before any timing). Ground truth: jfa.reference on float32 copies of the
+inputs (float32 arithmetic). Yardstick: the same reference run in the inputs' dtype end to end (what plain
+PyTorch loses in bf16). For the output and each of dq, dk, dv the provider passes when
+
+    max|x - truth| <= 2 * max|torch_same_dtype - truth| + eps(dtype) * max|truth|
+
+(FA4's rule: at most twice PyTorch's own error plus one rounding step), with no NaN. A provider that fails
+is reported ``"correct": false`` and not timed. To keep the reference fast the gate checks a prefix of the
+batch: the first n sequences with sum(Hq * Lq * Lk) <= GATE_BUDGET (always at least one sequence; the skewed
+workloads' first sequence is the longest), recorded as ``check.seqs`` of ``check.batch``. The provider itself
+runs on the whole batch, with the upstream gradient zeroed past the prefix (see ``check``).
+
+Timing: triton.testing.do_bench (median, p20, p80) of the forward and of forward+backward on CUDA;
+backward = (forward+backward) - forward. On the CPU (smoke run) a plain perf_counter loop.
+TF/s from exact visible pair counts (jfa.jagged.visible_pairs): forward 4 * Hq * D * pairs, backward 2.5x.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+
+import torch
+
+from .. import reference
+from . import providers as providers_mod
+from .suite import Inputs, flops, make_inputs
+
+GATE_BUDGET = 1 << 28  # sum over the checked sequences of Hq * Lq * Lk (one fp32 score tensor ~1 GiB)
+
+
+def gate_prefix(inp: Inputs, budget: int = GATE_BUDGET) -> int:
+    """How many leading sequences the correctness gate checks."""
+    cost = (inp.q_lens * inp.kv_lens * inp.workload.heads_q).tolist()
+    n, total = 0, 0
+    for c in cost:
+        if n and total + c > budget:
+            break
+        n, total = n + 1, total + c
+    return max(n, min(1, inp.batch))
+
+
+def _run_reference(inp: Inputs, dtype):
+    """(out, dq, dk, dv) of jfa.reference with inputs and arithmetic in `dtype` (float32 or the inputs')."""
+    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in inp.leaves())
+    left, right = inp.window
+    out, _ = reference.attention(q, k, v, inp.q_offsets, inp.kv_offsets, scale=inp.scale, left=left, right=right,
+                                 broadcast=inp.workload.broadcast, compute_dtype=dtype)
+    out.backward(inp.dout.to(dtype))
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+def reference_results(inp: Inputs):
+    """(truth, yardstick error per tensor) for the gate."""
+    truth = _run_reference(inp, torch.float32)
+    same = _run_reference(inp, inp.q.dtype)
+    return truth, [_max_err(s, t) for s, t in zip(same, truth)]
+
+
+def _max_err(x, truth):
+    if x is None:
+        return math.inf
+    return float((x.float() - truth).abs().max()) if truth.numel() else 0.0
+
+
+def run_provider_once(fn, inp: Inputs, dout=None):
+    """(out, dq, dk, dv) of one forward + backward through a provider."""
+    for t in inp.leaves():
+        t.grad = None
+    out = fn()
+    out.backward(inp.dout if dout is None else dout)
+    grads = [t.grad for t in inp.leaves()]
+    for t in inp.leaves():
+        t.grad = None
+    return [out.detach()] + grads
+
+
+def check(fn, inp: Inputs, ref, n: int | None = None) -> dict:
+    """The gate (see module doc): {"correct": bool, "errors": {name: [err, tol]}}.
+
+    fn runs on the whole batch (one build, one compile, the inputs that are timed); the upstream gradient is
+    zero past the first n sequences, so out, dk, dv of those sequences and dq (also in broadcast mode, where
+    it sums over the batch) depend on them alone and compare with ``ref = reference_results(inp.prefix(n))``.
+    """
+    n = inp.batch if n is None else n
+    truth, torch_err = ref
+    rows, kv_rows = int(inp.q_offsets[n]), int(inp.kv_offsets[n])
+    dout = inp.dout
+    if n < inp.batch:
+        dout = dout.clone()
+        dout[rows:] = 0
+    got = run_provider_once(fn, inp, dout)
+    cut = [rows, inp.q.shape[0] if inp.workload.broadcast else rows, kv_rows, kv_rows]
+    eps = torch.finfo(inp.q.dtype).eps
+    errors, ok = {}, True
+    for name, x, c, t, e in zip(("out", "dq", "dk", "dv"), got, cut, truth, torch_err):
+        x = None if x is None else x[:c]
+        if x is None or tuple(x.shape) != tuple(t.shape):
+            errors[name] = ["missing" if x is None else f"shape {tuple(x.shape)} != {tuple(t.shape)}", None]
+            ok = False
+            continue
+        err = _max_err(x, t)
+        tol = 2 * e + eps * (float(t.abs().max()) if t.numel() else 0.0)
+        nan = bool(torch.isnan(x).any())
+        errors[name] = [err, tol]
+        ok = ok and not nan and err <= tol
+    return {"correct": ok, "errors": errors}
+
+
+def _quantiles(samples):
+    s = sorted(samples)
+    pick = lambda f: s[min(len(s) - 1, int(round(f * (len(s) - 1))))]  # noqa: E731
+    return statistics.median(s), pick(0.2), pick(0.8)
+
+
+def time_ms(fn, device, leaves=(), warmup_ms=25, rep_ms=100, cpu_reps=3, cpu_warmup=True):
+    """(median, p20, p80) in ms: do_bench on CUDA, a perf_counter loop of cpu_reps calls on the CPU."""
+    if torch.device(device).type == "cuda":
+        from triton.testing import do_bench
+        return tuple(do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(leaves),
+                              quantiles=[0.5, 0.2, 0.8]))
+    if cpu_warmup:
+        fn()  # warm-up (compilation, caches)
+    samples = []
+    for _ in range(cpu_reps):
+        for t in leaves:
+            t.grad = None
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return _quantiles(samples)
+
+
+def measure(fn, inp: Inputs, fwd_flops, bwd_flops, **timing) -> dict:
+    device = inp.q.device
+    leaves = inp.leaves()
+
+    def fwd_bwd():
+        fn().backward(inp.dout)
+
+    fwd = time_ms(fn, device, leaves, **timing)
+    fb = time_ms(fwd_bwd, device, leaves, **timing)
+    # Noise can make forward+backward time below forward alone (CPU smoke runs): then no backward number.
+    bwd_ms = fb[0] - fwd[0] if fb[0] > fwd[0] else None
+    res = {"fwd_ms": fwd[0], "bwd_ms": bwd_ms, "fwdbwd_ms": fb[0],
+           "fwd_p20_ms": fwd[1], "fwd_p80_ms": fwd[2], "fwdbwd_p20_ms": fb[1], "fwdbwd_p80_ms": fb[2],
+           "fwd_tflops": fwd_flops / fwd[0] / 1e9, "bwd_tflops": bwd_flops / bwd_ms / 1e9 if bwd_ms else None,
+           "fwdbwd_tflops": (fwd_flops + bwd_flops) / fb[0] / 1e9, "peak_mb": None}
+    if bwd_ms is None:
+        res["note"] = "backward not resolved (fwd+bwd timed below fwd)"
+    for t in leaves:
+        t.grad = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fwd_bwd()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        res["peak_mb"] = peak / 2**20
+        res["extra_peak_mb"] = (peak - before) / 2**20
+        for t in leaves:
+            t.grad = None
+    return res
+
+
+def ceiling_tflops(device) -> tuple[float, str]:
+    """The device's dense matmul rate, measured now: 8192^3 bf16 on CUDA (1024^3 fp32 on the CPU smoke run)."""
+    if torch.device(device).type == "cuda":
+        n, dtype = 8192, torch.bfloat16
+    else:
+        n, dtype = 1024, torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = time_ms(lambda: torch.matmul(a, b), device, cpu_reps=5)[0]
+    return 2 * n ** 3 / ms / 1e9, f"torch.matmul {n}x{n}x{n} {str(dtype).replace('torch.', '')}"
+
+
+def _free(device):
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, **timing) -> dict:
+    """Results of one workload: {"name", "spec", "pairs", "fwd_flops", "bwd_flops", "results", ratios}."""
+    inp = make_inputs(w, device=device, dtype=dtype)
+    fwd_flops, bwd_flops = flops(w, inp.kv_lens)
+    n = gate_prefix(inp)
+    ref = reference_results(inp if n == inp.batch else inp.prefix(n))
+    results = {}
+    for p in providers:
+        if progress:
+            progress(w.name, p.name)
+        res = results[p.name] = {}
+        try:
+            reason = p.skip_reason(inp)
+            if reason:
+                res.update(skip=reason, correct=None)
+                continue
+            fn, extras = p.build(inp)
+            res.update(extras)
+            verdict = check(fn, inp, ref, n)
+            res["check"] = {"seqs": n, "batch": inp.batch, "errors": verdict["errors"]}
+            res["correct"] = verdict["correct"]
+            if verdict["correct"]:
+                m = measure(fn, inp, fwd_flops, bwd_flops, **timing)
+                if res.get("note") and m.get("note"):
+                    m["note"] = res["note"] + "; " + m["note"]
+                res.update(m)
+            del fn
+        except Exception as e:  # a provider must never take the run down (OOM, compile errors, ...)
+            res.update(error=_error_text(e), correct=res.get("correct"))
+        finally:
+            for t in inp.leaves():
+                t.grad = None
+            _free(device)
+    out = {"name": w.name, "spec": w.spec(), "pairs": int(fwd_flops / (4 * w.heads_q * w.head_dim)),
+           "fwd_flops": fwd_flops, "bwd_flops": bwd_flops, "results": results}
+    out.update(ratios(results, {p.name: p.peer for p in providers}))
+    del inp, ref
+    _free(device)
+    return out
+
+
+def ratios(results: dict, is_peer: dict) -> dict:
+    """jfa providers' TF/s over the fastest correct peer's, per phase: {"best_peer": {...}, "ratios": {...}}."""
+    best, rat = {}, {}
+    for phase in ("fwd", "bwd"):
+        key = f"{phase}_tflops"
+        peers = [(r[key], name) for name, r in results.items() if is_peer.get(name) and r.get(key)]
+        if not peers:
+            continue
+        top, top_name = max(peers)
+        best[phase] = {"provider": top_name, "tflops": top}
+        for name, r in results.items():
+            if not is_peer.get(name, True) and r.get(key):
+                rat.setdefault(name, {})[phase] = r[key] / top
+    return {"best_peer": best, "ratios": rat}
+
+
+def run(workloads, providers=None, device="cuda", dtype=torch.bfloat16, env=None, progress=None, on_result=None,
+        **timing) -> dict:
+    """The whole run: results.json's structure."""
+    providers = providers if providers is not None else providers_mod.all_providers()
+    ceiling, ceiling_how = ceiling_tflops(device)
+    data = {"env": env or {}, "ceiling_tflops": ceiling, "ceiling": ceiling_how, "dtype": str(dtype).replace(
+        "torch.", ""), "workloads": []}
+    for w in workloads:
+        wres = run_workload(w, providers, device, dtype, progress=progress, **timing)
+        data["workloads"].append(wres)
+        if on_result:
+            on_result(wres)
+    return data

@@ -1,0 +1,259 @@
+"""Workloads: the suite file, the length recipe, exact pair/FLOP counts, and the inputs every provider shares.
+
+The suite file (default: the packaged ``jfa/workloads.json``) holds ``{"about": ..., "workloads": [...]}``; its
+"about" string is the spec of the length recipe, implemented by ``draw_lengths``:
+
+    g = torch.Generator().manual_seed(seed); u = torch.rand(batch, generator=g)   # float32, on the CPU
+    uniform: L = max(1, floor(u * max_len))
+    skewed:  L = max(1, floor(u**3 * max_len)), then L[0] = max_len
+    full:    L = max_len for every sequence
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..jagged import resolve_window, visible_pairs
+
+DISTS = ("uniform", "skewed", "full")
+MODES = ("self", "broadcast")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark case. ``lengths`` (kv lengths, tuple) overrides the recipe when given (``--lengths``)."""
+    name: str
+    mode: str = "self"
+    batch: int = 1
+    max_len: int = 1
+    dist: str = "uniform"
+    seed: int = 1
+    heads_q: int = 4
+    heads_kv: int = 4
+    head_dim: int = 128
+    window: tuple = (-1, -1)
+    q_len: int = 0
+    lengths: tuple | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Workload":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"workload {d.get('name')!r}: unknown keys {sorted(unknown)}")
+        w = cls(**{**d, "window": tuple(d.get("window", (-1, -1)))})
+        w.validate()
+        return w
+
+    def validate(self):
+        if self.mode not in MODES:
+            raise ValueError(f"workload {self.name!r}: mode must be one of {MODES}, got {self.mode!r}")
+        if self.dist not in DISTS and self.lengths is None:
+            raise ValueError(f"workload {self.name!r}: dist must be one of {DISTS}, got {self.dist!r}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"workload {self.name!r}: heads_q {self.heads_q} not a multiple of {self.heads_kv}")
+        if self.mode == "broadcast" and self.q_len < 1:
+            raise ValueError(f"workload {self.name!r}: broadcast mode needs q_len >= 1")
+        if len(self.window) != 2:
+            raise ValueError(f"workload {self.name!r}: window must be [left, right]")
+
+    @property
+    def broadcast(self) -> bool:
+        return self.mode == "broadcast"
+
+    def spec(self) -> dict:
+        """The workload as the suite file writes it (what results.json records)."""
+        d = asdict(self)
+        d["window"] = list(self.window)
+        if d["lengths"] is None:
+            del d["lengths"]
+        else:
+            d["lengths"] = list(d["lengths"])
+        if self.mode != "broadcast":
+            del d["q_len"]
+        return d
+
+
+def load_suite(path=None) -> tuple[str, list[Workload]]:
+    """(about, workloads) of a suite file; the packaged jfa/workloads.json when path is None."""
+    if path is None:
+        text = resources.files("jfa").joinpath("workloads.json").read_text()
+    else:
+        text = Path(path).read_text()
+    data = json.loads(text)
+    workloads = [Workload.from_dict(d) for d in data["workloads"]]
+    names = [w.name for w in workloads]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate workload names in the suite: {names}")
+    return data.get("about", ""), workloads
+
+
+def select(workloads: list[Workload], only: str | None) -> list[Workload]:
+    """The workloads named in a comma-separated list (in the suite's order), or all of them."""
+    if not only:
+        return workloads
+    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    missing = [n for n in wanted if n not in {w.name for w in workloads}]
+    if missing:
+        raise ValueError(f"--only: no workload named {missing}; the suite has {[w.name for w in workloads]}")
+    return [w for w in workloads if w.name in wanted]
+
+
+def draw_lengths(batch: int, max_len: int, dist: str, seed: int) -> torch.Tensor:
+    """The suite's length recipe (see module doc): int64 ``[batch]`` on the CPU."""
+    if dist == "full":
+        return torch.full((batch,), max_len, dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(batch, generator=g)
+    if dist == "uniform":
+        x = u * max_len
+    elif dist == "skewed":
+        x = u ** 3 * max_len
+    else:
+        raise ValueError(f"unknown dist {dist!r}; expected one of {DISTS}")
+    lens = torch.clamp(torch.floor(x).to(torch.int64), min=1)
+    if dist == "skewed" and batch > 0:
+        lens[0] = max_len
+    return lens
+
+
+def kv_lengths(w: Workload) -> torch.Tensor:
+    if w.lengths is not None:
+        return torch.tensor(w.lengths, dtype=torch.int64)
+    return draw_lengths(w.batch, w.max_len, w.dist, w.seed)
+
+
+def q_lengths(w: Workload, kv_lens: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(kv_lens, w.q_len) if w.broadcast else kv_lens
+
+
+def read_lengths_file(path) -> list[int]:
+    """Lengths from a text file (one per line; blank lines and # comments skipped), a .npy or a .pt file."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        import numpy as np
+        values = np.load(path).reshape(-1).tolist()
+    elif path.suffix in (".pt", ".pth"):
+        values = torch.as_tensor(torch.load(path, map_location="cpu")).reshape(-1).tolist()
+    else:
+        values = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+        values = [v for v in values if v]
+    lens = [int(v) for v in values]
+    if not lens or min(lens) < 0:
+        raise ValueError(f"{path}: need one or more non-negative lengths")
+    return lens
+
+
+def workload_from_lengths(path, *, heads_q=4, heads_kv=None, head_dim=128, mode="self", q_len=64,
+                          window=(-1, -1), causal=False) -> Workload:
+    lens = read_lengths_file(path)
+    left, right = resolve_window(causal, tuple(window))
+    w = Workload(name=Path(path).stem, mode=mode, batch=len(lens), max_len=max(lens), dist="file", seed=0,
+                 heads_q=heads_q, heads_kv=heads_kv or heads_q, head_dim=head_dim, window=(left, right),
+                 q_len=q_len if mode == "broadcast" else 0, lengths=tuple(lens))
+    w.validate()
+    return w
+
+
+def scale_down(w: Workload, batch_div: int = 256, len_div: int = 64, heads_div: int = 4, min_batch: int = 2,
+               min_len: int = 16) -> Workload:
+    """A small version of a workload for the CPU smoke run (same kind of problem, seconds of work): batch,
+    lengths, window and kv heads divided (the GQA group and the head dim are kept)."""
+    def shrink(x, div, lo):
+        return max(lo, x // div) if x > 0 else x
+    window = tuple(x if x < 0 else max(1, x // len_div) if x > 0 else 0 for x in w.window)
+    lengths = None
+    if w.lengths is not None:
+        lengths = tuple(max(1, x // len_div) for x in w.lengths[:max(min_batch, len(w.lengths) // batch_div)])
+    group = w.heads_q // w.heads_kv
+    heads_kv = max(1, w.heads_kv // heads_div)
+    return replace(w, batch=shrink(w.batch, batch_div, min_batch), max_len=shrink(w.max_len, len_div, min_len),
+                   q_len=shrink(w.q_len, len_div // 4 or 1, 4), window=window, lengths=lengths,
+                   heads_kv=heads_kv, heads_q=heads_kv * group)
+
+
+def pairs(w: Workload, kv_lens: torch.Tensor | None = None) -> int:
+    """Exact number of visible (query, key) pairs of the workload."""
+    kv_lens = kv_lengths(w) if kv_lens is None else kv_lens
+    return visible_pairs(q_lengths(w, kv_lens), kv_lens, *w.window)
+
+
+def flops(w: Workload, kv_lens: torch.Tensor | None = None) -> tuple[float, float]:
+    """(forward, backward) FLOPs: 4 * Hq * D * pairs, and 2.5x that."""
+    fwd = 4.0 * w.heads_q * w.head_dim * pairs(w, kv_lens)
+    return fwd, 2.5 * fwd
+
+
+@dataclass
+class Inputs:
+    """What every provider gets: packed leaf tensors (requires_grad), offsets, lengths, the upstream grad."""
+    workload: Workload
+    q: torch.Tensor           # [Tq, Hq, D] packed, or [Lq, Hq, D] dense in broadcast mode
+    k: torch.Tensor           # [Tk, Hkv, D]
+    v: torch.Tensor           # [Tk, Hkv, D]
+    q_offsets: torch.Tensor   # [B+1] int32 rows of the output (b * Lq in broadcast mode)
+    kv_offsets: torch.Tensor  # [B+1] int32
+    q_lens: torch.Tensor      # [B] int64, CPU
+    kv_lens: torch.Tensor     # [B] int64, CPU
+    dout: torch.Tensor        # [rows, Hq, D]: the upstream gradient of the output in packed row order
+
+    @property
+    def batch(self) -> int:
+        return self.kv_lens.numel()
+
+    @property
+    def max_q(self) -> int:
+        return int(self.q_lens.max()) if self.batch else 0
+
+    @property
+    def max_kv(self) -> int:
+        return int(self.kv_lens.max()) if self.batch else 0
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return tuple(self.workload.window)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.workload.head_dim)
+
+    def leaves(self):
+        return [self.q, self.k, self.v]
+
+    def prefix(self, n: int) -> "Inputs":
+        """The first n sequences (a view of the same data, as new leaves): the correctness gate's subset."""
+        qo, ko = int(self.q_offsets[n]), int(self.kv_offsets[n])
+        q = self.q if self.workload.broadcast else self.q[:qo]
+        leaf = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
+        return Inputs(self.workload, leaf(q), leaf(self.k[:ko]), leaf(self.v[:ko]), self.q_offsets[:n + 1],
+                      self.kv_offsets[:n + 1], self.q_lens[:n], self.kv_lens[:n], self.dout[:qo])
+
+
+def offsets_of(lens: torch.Tensor, device) -> torch.Tensor:
+    off = torch.zeros(lens.numel() + 1, dtype=torch.int64)
+    off[1:] = torch.cumsum(lens, 0)
+    return off.to(device=device, dtype=torch.int32)
+
+
+def make_inputs(w: Workload, device="cuda", dtype=torch.bfloat16, seed: int = 0) -> Inputs:
+    """Random q, k, v (N(0, 1)) and upstream gradient for a workload, on the device."""
+    kv_lens = kv_lengths(w)
+    q_lens = q_lengths(w, kv_lens)
+    g = torch.Generator(device=device).manual_seed(seed)
+    tq = w.q_len if w.broadcast else int(q_lens.sum())
+    rows = int(q_lens.sum())
+    tk = int(kv_lens.sum())
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+    q = randn(tq, w.heads_q, w.head_dim).requires_grad_(True)
+    k = randn(tk, w.heads_kv, w.head_dim).requires_grad_(True)
+    v = randn(tk, w.heads_kv, w.head_dim).requires_grad_(True)
+    dout = randn(rows, w.heads_q, w.head_dim)
+    return Inputs(w, q, k, v, offsets_of(q_lens, device), offsets_of(kv_lens, device), q_lens, kv_lens, dout)

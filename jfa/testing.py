@@ -1,0 +1,131 @@
+"""Test helpers shared by the test suite and `jfa check`: random jagged inputs, ground truth, and a tolerance
+tied to what the dtype can do.
+
+Tolerance rule (as FlashAttention's tests): compute the ground truth in float64, and the same function in
+PyTorch at the input dtype; the kernel passes when its worst error is at most twice PyTorch's worst error
+plus one rounding step of the dtype at the size of the values (``eps(dtype) * max|truth|``).
+For float32 both errors sit at the level of accumulation-order noise, where "twice PyTorch's" is no bound
+(PyTorch may round a sum exactly where the kernel's order loses an ulp), so the rounding term there is
+that of a sum of K terms, ``sqrt(K)`` steps, K the longest reduction of the case (rows x GQA group).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+from .jagged import resolve_window
+
+
+@dataclass
+class Case:
+    """One jagged attention problem with its inputs and upstream gradients."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_offsets: torch.Tensor
+    kv_offsets: torch.Tensor
+    dout: torch.Tensor
+    left: int
+    right: int
+    broadcast: bool
+    scale: float
+
+
+def offsets_of(lengths, device="cpu", dtype=torch.int32):
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    if len(lengths):
+        out[1:] = torch.cumsum(torch.as_tensor(lengths, dtype=torch.int64), 0)
+    return out.to(device=device, dtype=dtype)
+
+
+def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, device="cpu", causal=False,
+              window=(-1, -1), broadcast_lq=None, seed=0, offsets_dtype=torch.int32) -> Case:
+    """Random inputs. Self-attention when kv_lens is None; broadcast mode when broadcast_lq is an int
+    (then q_lens is ignored and kv_lens gives the B sequences)."""
+    g = torch.Generator().manual_seed(seed)
+    kv_lens = q_lens if kv_lens is None else kv_lens
+    broadcast = broadcast_lq is not None
+    if broadcast:
+        rows_q, q_offsets = broadcast_lq, offsets_of([broadcast_lq] * len(kv_lens), device, offsets_dtype)
+        rows_out = broadcast_lq * len(kv_lens)
+    else:
+        q_offsets = offsets_of(q_lens, device, offsets_dtype)
+        rows_q = rows_out = int(sum(q_lens))
+    rows_k = int(sum(kv_lens))
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    left, right = resolve_window(causal, window)
+    return Case(rnd(rows_q, hq, d), rnd(rows_k, hkv, d), rnd(rows_k, hkv, d), q_offsets,
+                offsets_of(kv_lens, device, offsets_dtype), rnd(rows_out, hq, d), left, right, broadcast,
+                1.0 / math.sqrt(d))
+
+
+def reference_results(case: Case, compute_dtype=torch.float64):
+    """(out, lse, dq, dk, dv) of the reference.
+
+    float64: the truth, gradients by autograd (independent of any backward formula). ``None``: the same
+    computation in PyTorch at the input dtype, with the backward written as FlashAttention computes it
+    (jfa.reference.attention_backward: Delta = rowsum(dO * O)), so that its error is the error this
+    algorithm has at this dtype.
+    """
+    kw = dict(scale=case.scale, left=case.left, right=case.right, broadcast=case.broadcast)
+    if compute_dtype is None:
+        dt = case.q.dtype
+        out, lse = reference.attention(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, **kw,
+                                       compute_dtype=dt)
+        grads = reference.attention_backward(case.dout, None, case.q, case.k, case.v, out, case.q_offsets,
+                                             case.kv_offsets, **kw, compute_dtype=dt)
+        return (out, lse, *grads)
+    q, k, v = (x.detach().to(compute_dtype).requires_grad_() for x in (case.q, case.k, case.v))
+    out, lse = reference.attention(q, k, v, case.q_offsets, case.kv_offsets, **kw, compute_dtype=compute_dtype)
+    grads = torch.autograd.grad(out, (q, k, v), case.dout.to(compute_dtype)) if out.numel() else (
+        torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+    return (out.detach(), lse.detach(), *grads)
+
+
+def error_report(name: str, actual: torch.Tensor, truth: torch.Tensor, allowed: float) -> str | None:
+    """None when within `allowed` (max abs error); else a message with the worst index, count and NaNs."""
+    if actual.shape != truth.shape:
+        return f"{name}: shape {tuple(actual.shape)} != {tuple(truth.shape)}"
+    a, t = actual.detach().double().cpu(), truth.detach().double().cpu()
+    nan = torch.isnan(a)
+    inf_match = torch.isinf(t) & (a == t)
+    diff = torch.where(inf_match, torch.zeros_like(a), (a - t).abs())
+    diff = torch.where(nan, torch.full_like(diff, math.inf), diff)
+    if diff.numel() == 0 or diff.max() <= allowed:
+        return None
+    worst = int(diff.argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
+    return (f"{name}: max abs error {diff.max().item():.3g} > allowed {allowed:.3g} at {idx} "
+            f"(got {a.flatten()[worst].item():.6g}, want {t.flatten()[worst].item():.6g}); "
+            f"{int((diff > allowed).sum())}/{diff.numel()} elements off, {int(nan.sum())} NaN")
+
+
+def allowed_error(dtype: torch.dtype, lowp: torch.Tensor, truth: torch.Tensor, reduction: int = 1) -> float:
+    t = truth.detach().double().cpu()
+    fin = torch.isfinite(t)
+    if not fin.any():
+        return 0.0
+    torch_err = (lowp.detach().double().cpu() - t)[fin].abs().max().item()
+    steps = math.sqrt(max(reduction, 1)) if dtype == torch.float32 else 1.0
+    return 2 * torch_err + steps * torch.finfo(dtype).eps * t[fin].abs().max().item()
+
+
+def compare(case: Case, out, lse, grads=None, names=("out", "lse", "dq", "dk", "dv")) -> list[str]:
+    """Check a backend's (out, lse[, (dq, dk, dv)]) against the float64 truth; returns the failures."""
+    truth = reference_results(case, torch.float64)
+    lowp = reference_results(case, None)
+    got = [out, lse] + (list(grads) if grads is not None else [])
+    reduction = max(case.q.shape[0], case.k.shape[0], case.dout.shape[0]) * (case.q.shape[1] // case.k.shape[1])
+    failures = []
+    for name, a, t, p in zip(names, got, truth, lowp):
+        dtype = torch.float32 if name == "lse" else case.q.dtype
+        msg = error_report(name, a, t, allowed_error(dtype, p, t, reduction))
+        if msg:
+            failures.append(msg)
+    return failures

@@ -1,0 +1,238 @@
+"""jfa bench on the CPU: pair counts, the suite and its length recipe, the correctness gate, the report."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import jfa
+from jfa.bench import main, report, runner, suite
+from jfa.bench.providers import Jfa, Provider, SdpaPadded
+from jfa.jagged import visible_pairs
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bench_results.json"
+
+
+def brute_pairs(q_lens, kv_lens, left, right):
+    """Count visible pairs by walking every (query, key) of every sequence (bottom-right aligned)."""
+    total = 0
+    for lq, lk in zip(q_lens, kv_lens):
+        for i in range(lq):
+            ii = i + lk - lq
+            for j in range(lk):
+                if (left < 0 or j >= ii - left) and (right < 0 or j <= ii + right):
+                    total += 1
+    return total
+
+
+PAIR_CASES = {
+    "self-full": ([5, 1, 17, 0, 9], None, -1, -1),
+    "causal": ([5, 1, 17, 0, 9], None, -1, 0),
+    "window-3-2": ([5, 1, 17, 0, 9], None, 3, 2),
+    "window-left-only": ([40, 7], None, 4, -1),
+    "cross": ([3, 8, 1, 0], [10, 2, 5, 4], -1, -1),
+    "cross-causal": ([3, 8, 1, 0], [10, 2, 5, 4], -1, 0),
+    "cross-window": ([3, 8, 1, 6], [10, 2, 5, 0], 2, 1),
+}
+
+
+@pytest.mark.parametrize("q_lens, kv_lens, left, right", PAIR_CASES.values(), ids=PAIR_CASES.keys())
+def test_visible_pairs_exact(q_lens, kv_lens, left, right):
+    kv_lens = q_lens if kv_lens is None else kv_lens
+    assert visible_pairs(q_lens, kv_lens, left, right) == brute_pairs(q_lens, kv_lens, left, right)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (2, 3)], ids=["full", "causal", "window"])
+def test_workload_pairs_and_flops(window):
+    lens = (7, 1, 12, 3)
+    self_w = suite.Workload("s", "self", batch=4, max_len=12, dist="file", heads_q=4, heads_kv=2, head_dim=32,
+                            window=window, lengths=lens)
+    assert suite.pairs(self_w) == brute_pairs(lens, lens, *window)
+    fwd, bwd = suite.flops(self_w)
+    assert fwd == 4 * 4 * 32 * brute_pairs(lens, lens, *window) and bwd == 2.5 * fwd
+    bc = suite.Workload("b", "broadcast", batch=4, max_len=12, dist="file", q_len=5, window=window, lengths=lens)
+    assert suite.pairs(bc) == brute_pairs([5] * 4, lens, *window)
+
+
+def recipe(batch, max_len, dist, seed):
+    """The "about" string of workloads.json, written out again."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(batch, generator=g)
+    if dist == "full":
+        return [max_len] * batch
+    vals = u if dist == "uniform" else u ** 3
+    lens = [max(1, math.floor(float(x) * max_len)) for x in vals]
+    if dist == "skewed":
+        lens[0] = max_len
+    return lens
+
+
+def test_packaged_suite_lengths_follow_the_recipe():
+    about, workloads = suite.load_suite()
+    assert "floor(u**3 * max_len)" in about and len(workloads) >= 9
+    for w in workloads:
+        assert suite.kv_lengths(w).tolist() == recipe(w.batch, w.max_len, w.dist, w.seed), w.name
+        lens = suite.kv_lengths(w)
+        assert lens.min() >= 1 and lens.max() <= w.max_len
+    names = [w.name for w in workloads]
+    assert [w.name for w in suite.select(workloads, "pma-64,self-full-512")] == ["self-full-512", "pma-64"]
+    assert suite.select(workloads, None) == workloads
+    with pytest.raises(ValueError, match="no workload named"):
+        suite.select(workloads, "nope")
+    assert len(set(names)) == len(names)
+
+
+def test_suite_file_parsing(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"about": "x", "workloads": [
+        {"name": "a", "mode": "broadcast", "q_len": 8, "batch": 5, "max_len": 64, "dist": "skewed", "seed": 3,
+         "heads_q": 4, "heads_kv": 2, "head_dim": 64, "window": [-1, 0]}]}))
+    about, (w,) = suite.load_suite(path)
+    assert (about, w.mode, w.q_len, w.window, w.heads_kv) == ("x", "broadcast", 8, (-1, 0), 2)
+    assert w.spec()["window"] == [-1, 0] and "lengths" not in w.spec()
+    assert suite.kv_lengths(w).tolist() == recipe(5, 64, "skewed", 3)
+    path.write_text(json.dumps({"workloads": [{"name": "a", "batch": 1, "max_len": 4, "colour": "red"}]}))
+    with pytest.raises(ValueError, match="unknown keys"):
+        suite.load_suite(path)
+    path.write_text(json.dumps({"workloads": [{"name": "a", "batch": 1, "max_len": 4, "heads_q": 3, "heads_kv": 2}]}))
+    with pytest.raises(ValueError, match="multiple"):
+        suite.load_suite(path)
+
+
+def test_lengths_files(tmp_path):
+    import numpy as np
+    (tmp_path / "l.txt").write_text("# lengths\n5\n\n17\n1  # short\n")
+    np.save(tmp_path / "l.npy", np.array([5, 17, 1]))
+    torch.save(torch.tensor([5, 17, 1]), tmp_path / "l.pt")
+    for name in ("l.txt", "l.npy", "l.pt"):
+        assert suite.read_lengths_file(tmp_path / name) == [5, 17, 1]
+    w = suite.workload_from_lengths(tmp_path / "l.txt", heads_q=4, heads_kv=2, head_dim=32, causal=True)
+    assert (w.batch, w.max_len, w.window, suite.kv_lengths(w).tolist()) == (3, 17, (-1, 0), [5, 17, 1])
+    small = suite.scale_down(w, batch_div=1, len_div=2, heads_div=2)
+    assert small.lengths == (2, 8, 1) and (small.heads_q, small.heads_kv) == (2, 1)
+
+
+def test_inputs_and_prefix():
+    w = suite.Workload("t", "broadcast", batch=3, max_len=9, dist="file", q_len=4, heads_q=2, heads_kv=1,
+                       head_dim=16, lengths=(9, 2, 5))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.bfloat16)
+    assert inp.q.shape == (4, 2, 16) and inp.k.shape == (16, 1, 16) and inp.dout.shape == (12, 2, 16)
+    assert inp.q_offsets.tolist() == [0, 4, 8, 12] and inp.kv_offsets.tolist() == [0, 9, 11, 16]
+    sub = inp.prefix(2)
+    assert sub.k.shape[0] == 11 and sub.dout.shape[0] == 8 and sub.q.shape == inp.q.shape
+    assert runner.gate_prefix(inp, budget=2 * 4 * 9) == 1  # the first sequence always
+    assert runner.gate_prefix(inp, budget=1 << 20) == 3
+
+
+class WrongScale(Provider):
+    """A peer that gets the softmax scale wrong (1.25x): the gate must reject it."""
+    name = "wrong-scale"
+
+    def build(self, inp):
+        def fn():
+            return jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, window=inp.window,
+                                        scale=1.25 * inp.scale, backend="reference")
+        return fn, {}
+
+
+class Crashes(Provider):
+    name = "crashes"
+
+    def build(self, inp):
+        raise RuntimeError("CUDA out of memory (pretend)")
+
+
+class NotHere(Provider):
+    name = "not-here"
+
+    def skip_reason(self, inp):
+        return "not installed"
+
+
+def test_gate_rejects_a_wrong_provider():
+    w = suite.Workload("tiny", "self", batch=3, max_len=12, dist="file", heads_q=2, heads_kv=1, head_dim=16,
+                       window=(-1, 0), lengths=(12, 3, 7))
+    providers = [Jfa("reference", explicit=True), WrongScale(), Crashes(), NotHere(), SdpaPadded()]
+    res = runner.run_workload(w, providers, "cpu", cpu_reps=1)
+    r = res["results"]
+    assert r["jfa-reference"]["correct"] is True and r["jfa-reference"]["fwd_ms"] > 0
+    assert r["sdpa-padded"]["correct"] is True and r["sdpa-padded"]["fwd_tflops"] > 0
+    assert r["wrong-scale"]["correct"] is False and "fwd_ms" not in r["wrong-scale"]
+    err, tol = r["wrong-scale"]["check"]["errors"]["out"]
+    assert err > tol
+    assert "out of memory" in r["crashes"]["error"] and "fwd_ms" not in r["crashes"]
+    assert r["not-here"] == {"skip": "not installed", "correct": None}
+    assert res["best_peer"]["fwd"]["provider"] == "sdpa-padded"
+    assert set(res["ratios"]) == {"jfa-reference"}
+    assert res["pairs"] == brute_pairs([12, 3, 7], [12, 3, 7], -1, 0)
+    assert report.provider_status(r["wrong-scale"]).startswith("WRONG (d")  # worst: a gradient
+
+
+def test_gate_on_a_prefix_broadcast_with_triton():
+    """The interpreter's Triton kernels pass the gate on a prefix of a broadcast batch."""
+    w = suite.Workload("pma", "broadcast", batch=3, max_len=20, dist="file", q_len=4, heads_q=1, heads_kv=1,
+                       head_dim=16, lengths=(20, 6, 9))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.bfloat16)
+    n = runner.gate_prefix(inp, budget=4 * 20 + 4 * 6)
+    assert n == 2
+    ref = runner.reference_results(inp.prefix(n))
+    fn, _ = Jfa("triton").build(inp)
+    verdict = runner.check(fn, inp, ref, n)
+    assert verdict["correct"], verdict
+    fn, _ = Jfa("reference").build(inp)
+    assert runner.check(fn, inp, ref, n)["correct"]
+    assert not runner.check(lambda: 1.05 * fn(), inp, ref, n)["correct"]
+    assert runner.check(fn, inp, runner.reference_results(inp), 3)["correct"]  # the whole batch
+
+
+def test_ratios_pick_the_fastest_correct_peer():
+    results = {"jfa": {"fwd_tflops": 300.0, "bwd_tflops": 100.0}, "fa2": {"fwd_tflops": 200.0, "bwd_tflops": 200.0},
+               "fa4": {"fwd_tflops": 150.0, "bwd_tflops": 250.0}, "bad": {"correct": False}}
+    out = runner.ratios(results, {"jfa": False, "fa2": True, "fa4": True, "bad": True})
+    assert out["best_peer"]["fwd"]["provider"] == "fa2" and out["best_peer"]["bwd"]["provider"] == "fa4"
+    assert out["ratios"]["jfa"] == {"fwd": 1.5, "bwd": 0.4}
+
+
+def test_report_and_plots_from_fixture(tmp_path):
+    data = json.loads(FIXTURE.read_text())
+    files = report.render(data, tmp_path)
+    names = {f.relative_to(tmp_path).as_posix() for f in files}
+    assert {"results.json", "report.md", "plots/self-uniform-1k.png", "plots/pma-64.png", "plots/speedup.png"} <= names
+    for f in files:
+        if f.suffix == ".png":
+            assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 1000
+    md = (tmp_path / "report.md").read_text()
+    assert "NVIDIA H200" in md and "726.0 TF/s" in md and "eda947a" in md
+    assert "| self-uniform-1k |" in md and "WRONG" in md and "skip: backend 'hopper'" in md
+    assert "1.13" in md  # jfa fwd 400 over fa4 354 on self-uniform-1k
+    assert json.loads((tmp_path / "results.json").read_text()) == data
+    table = report.terminal_table(data["workloads"][0])
+    assert "jfa-triton" in table and "mask build 3.2 ms" in table
+
+
+def test_report_with_missing_numbers(tmp_path):
+    """A backward lost in noise (None), a workload with no peer, a workload with nothing timed."""
+    data = json.loads(FIXTURE.read_text())
+    w0, w1 = data["workloads"]
+    w0["results"]["fa2"].update(bwd_ms=None, bwd_tflops=None)
+    w1["results"] = {"jfa": {"skip": "no", "correct": None}}
+    w1["ratios"], w1["best_peer"] = {}, {}
+    data["ceiling_tflops"] = None
+    files = report.render(data, tmp_path)
+    assert len([f for f in files if f.suffix == ".png"]) == 3
+    assert "no peer ran" in (tmp_path / "report.md").read_text()
+
+
+def test_cli_smoke_from_a_lengths_file(tmp_path, capsys):
+    (tmp_path / "lens.txt").write_text("6\n2\n")
+    rc = main(["--smoke", "--lengths", str(tmp_path / "lens.txt"), "--heads", "4", "--head-dim", "16",
+               "--providers", "jfa,sdpa-padded", "--out", str(tmp_path / "out"), "--no-plots"])
+    assert rc == 0
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    (w,) = data["workloads"]
+    assert w["spec"]["lengths"] == [1, 1]  # scaled down by the smoke run (lengths / 64, at least 1)
+    assert set(w["results"]) == {"jfa", "sdpa-padded"}
+    assert all(r["correct"] for r in w["results"].values())
+    assert data["env"]["smoke"] is True and data["ceiling_tflops"] > 0
+    assert "lens" in capsys.readouterr().out

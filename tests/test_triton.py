@@ -1,0 +1,114 @@
+"""The portable Triton kernels (here in Triton's interpreter) against the float64 reference, forward and
+backward, every mode, on awkward lengths. Tolerance: jfa.testing (2x PyTorch's own error at the dtype + one
+rounding step)."""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import jfa
+from jfa.testing import compare, make_case
+
+AWKWARD = [0, 1, 63, 64, 65, 127, 129]
+
+CASES = {
+    "self-awkward": dict(q_lens=AWKWARD),
+    "self-causal": dict(q_lens=AWKWARD, causal=True),
+    "self-window-left16": dict(q_lens=[1, 65, 129], window=(16, -1)),
+    "self-window-right5": dict(q_lens=[63, 129], window=(-1, 5)),
+    "self-window-7-7": dict(q_lens=[1, 64, 129], window=(7, 7)),
+    "self-causal-window-20": dict(q_lens=[65, 129], causal=True, window=(20, -1)),
+    "cross-lq>lk": dict(q_lens=[129, 65], kv_lens=[63, 1]),
+    "cross-lq>lk-causal": dict(q_lens=[129, 65], kv_lens=[63, 1], causal=True),
+    "cross-lq<lk-causal": dict(q_lens=[1, 63], kv_lens=[129, 65], causal=True),
+    "cross-lq<lk-window": dict(q_lens=[17, 33], kv_lens=[129, 65], window=(9, 2)),
+    "empty-kv-nonempty-q": dict(q_lens=[5, 63, 3], kv_lens=[0, 65, 0]),
+    "empty-q-nonempty-kv": dict(q_lens=[0, 65], kv_lens=[33, 0]),
+    "all-empty": dict(q_lens=[0, 0]),
+    "no-sequences": dict(q_lens=[]),
+    "gqa-4-2": dict(q_lens=[63, 129], hq=4, hkv=2),
+    "mqa-4-1-causal": dict(q_lens=[65, 1], hq=4, hkv=1, causal=True),
+    "broadcast": dict(q_lens=None, kv_lens=[0, 1, 63, 65, 129], broadcast_lq=40),
+    "broadcast-causal": dict(q_lens=None, kv_lens=[1, 63, 129], broadcast_lq=64, causal=True),
+    "broadcast-window-gqa": dict(q_lens=None, kv_lens=[65, 17], broadcast_lq=33, window=(10, 10), hq=4, hkv=2),
+    "int64-offsets": dict(q_lens=[63, 65], offsets_dtype=torch.int64),
+}
+
+
+def run_triton(case, with_lse_grad=False):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+    window = (case.left, case.right)
+    if case.broadcast:
+        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, window=window, scale=case.scale,
+                                           return_lse=True, backend="triton")
+        out = out.reshape(-1, q.shape[1], q.shape[2])
+    else:
+        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, window=window,
+                                        scale=case.scale, return_lse=True, backend="triton")
+    grads = torch.autograd.grad(out, (q, k, v), case.dout) if out.numel() else None
+    return out.detach(), lse.detach(), grads
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_triton_matches_reference(name):
+    case = make_case(**CASES[name])
+    out, lse, grads = run_triton(case)
+    if grads is None:
+        assert out.numel() == 0
+        return
+    assert not compare(case, out, lse, grads), "\n".join(compare(case, out, lse, grads))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mode", ["causal", "broadcast"])
+def test_triton_half_precision(dtype, mode):
+    kwargs = dict(q_lens=[1, 63, 129], causal=True) if mode == "causal" else \
+        dict(q_lens=None, kv_lens=[0, 65, 129], broadcast_lq=33)
+    case = make_case(**kwargs, dtype=dtype, seed=3)
+    out, lse, grads = run_triton(case)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+def test_triton_head_dims(d):
+    case = make_case([1, 33, 65], d=d, causal=d in (96, 256), hq=2, hkv=2, seed=d)
+    out, lse, grads = run_triton(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+def test_lse_gradient():
+    """Gradients flow through the returned lse too (dLSE enters the Delta preprocess)."""
+    case = make_case([5, 0, 65], kv_lens=[9, 4, 0], causal=True)
+    results = {}
+    for backend in ("reference", "triton"):
+        q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, causal=True, return_lse=True,
+                                        backend=backend)
+        loss = (out * case.dout).sum() + torch.where(torch.isinf(lse), 0.0, lse * 0.7).sum()
+        results[backend] = torch.autograd.grad(loss, (q, k, v))
+    for got, want in zip(results["triton"], results["reference"]):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    q_lens=st.lists(st.integers(0, 70), min_size=0, max_size=4),
+    cross=st.booleans(),
+    kv_extra=st.lists(st.integers(0, 70), min_size=4, max_size=4),
+    left=st.sampled_from([-1, 0, 3, 17]),
+    right=st.sampled_from([-1, 0, 5]),
+    heads=st.sampled_from([(2, 2), (2, 1), (3, 1)]),
+    seed=st.integers(0, 1000),
+)
+def test_triton_random_offsets(q_lens, cross, kv_extra, left, right, heads, seed):
+    kv_lens = kv_extra[:len(q_lens)] if cross else None
+    case = make_case(q_lens, kv_lens, hq=heads[0], hkv=heads[1], window=(left, right), seed=seed)
+    out, lse, grads = run_triton(case)
+    if grads is None:
+        return
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
