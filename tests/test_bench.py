@@ -169,6 +169,7 @@ def test_gate_rejects_a_wrong_provider():
     assert report.provider_status(r["wrong-scale"]).startswith("WRONG (d")  # worst: a gradient
 
 
+@pytest.mark.interpreter
 def test_gate_on_a_prefix_broadcast_with_triton():
     """The interpreter's Triton kernels pass the gate on a prefix of a broadcast batch."""
     w = suite.Workload("pma", "broadcast", batch=3, max_len=20, dist="file", q_len=4, heads_q=1, heads_kv=1,

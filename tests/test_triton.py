@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 import jfa
 from jfa.testing import compare, make_case
 
+pytestmark = pytest.mark.interpreter
+
 AWKWARD = [0, 1, 63, 64, 65, 127, 129]
 
 CASES = {

@@ -127,6 +127,7 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     lk, rk = kernel_window(left, right)
     qk_scale = scale * math.log2(math.e)
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    dlse = None if dlse is None else dlse.contiguous()  # read with lse's strides
 
     delta = torch.empty_like(lse)
     if rows > 0:

@@ -1,0 +1,47 @@
+"""Every portable Triton kernel compiles for sm_90 on this (GPU-less) machine: its matmuls are wgmma and, at
+the head dims that are the fast paths' business (64, 128), ptxas reports what we measured when choosing the
+tile configs (docs/perf-notes.md). Runs in a subprocess: the interpreter must be off for triton.compile."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r"""
+import json, sys, torch
+from jfa.triton.aot import compile_kernel
+rows = []
+for name, d, dtype in json.loads(sys.argv[1]):
+    r = compile_kernel(name, d, getattr(torch, dtype))
+    rows.append(dict(kernel=name, d=d, dtype=dtype, wgmma=r.wgmma, regs=r.registers, spill=r.spill_bytes,
+                     bulk=r.ptx.count("ld.global")))
+print(json.dumps(rows))
+"""
+
+# Spill budget per kernel at the chosen configs (bytes, ptxas -v for sm_90a); 0 = must not spill.
+SPILL_BUDGET = {("fwd", 64): 0, ("dkdv", 64): 0, ("dq", 64): 0, ("fwd", 128): 0, ("dkdv", 128): 1024,
+                ("dq", 128): 64, ("preprocess", 64): 0, ("preprocess", 128): 0}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    jobs = [[name, d, "bfloat16"] for (name, d) in SPILL_BUDGET] + [["fwd", 128, "float16"], ["dq", 64, "float16"]]
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(jobs)], capture_output=True, text=True,
+                         env=env, timeout=1500)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_matmuls_are_wgmma(reports):
+    for r in reports:
+        if r["kernel"] != "preprocess":
+            assert r["wgmma"] > 0, f"{r}: no wgmma.mma_async in the PTX"
+
+
+def test_register_spills_within_budget(reports):
+    for r in reports:
+        budget = SPILL_BUDGET.get((r["kernel"], r["d"]), 0)
+        assert r["spill"] <= budget, f"{r}: {r['spill']} bytes of spills > budget {budget}"
+        assert r["regs"] <= 255

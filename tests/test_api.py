@@ -1,0 +1,152 @@
+"""The public contract: defaults, shapes, and a clear error for every bad input (never a wrong answer, a crash
+in a kernel, or an input modified in place)."""
+import math
+
+import pytest
+import torch
+
+import jfa
+from jfa.testing import make_case, offsets_of
+
+
+def qkv(tq=10, tk=10, hq=2, hkv=1, d=32, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(tq, hq, d, generator=g, dtype=dtype), torch.randn(tk, hkv, d, generator=g, dtype=dtype),
+            torch.randn(tk, hkv, d, generator=g, dtype=dtype))
+
+
+OFF = offsets_of([4, 6])
+
+
+def test_defaults_self_attention_scale_and_shapes():
+    q, k, v = qkv()
+    out, lse = jfa.jagged_attention(q, k, v, OFF, return_lse=True, backend="reference")
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 10) and lse.dtype == torch.float32
+    same = jfa.jagged_attention(q, k, v, OFF, OFF, scale=1 / math.sqrt(32), backend="reference")
+    torch.testing.assert_close(out, same, rtol=0, atol=0)
+
+
+def test_broadcast_shapes_and_lse_row_order():
+    q, k, v = qkv(tq=3)
+    out, lse = jfa.broadcast_attention(q, k, v, OFF, return_lse=True, backend="reference")
+    assert out.shape == (2, 3, 2, 32) and lse.shape == (2, 6)
+    # rows of lse follow out.reshape(B*Lq, H, D): row b*Lq + i is query i of sequence b
+    one, lse1 = jfa.jagged_attention(q, k[4:], v[4:], offsets_of([3]), offsets_of([6]), return_lse=True,
+                                     backend="reference")
+    torch.testing.assert_close(out[1], one)
+    torch.testing.assert_close(lse[:, 3:], lse1)
+
+
+def test_causal_combines_with_window():
+    case = make_case([9], causal=True, window=(3, 4))
+    assert (case.left, case.right) == (3, 0)
+    q, k, v = qkv(tq=9, tk=9)
+    a = jfa.jagged_attention(q, k, v, offsets_of([9]), causal=True, window=(3, 4), backend="reference")
+    b = jfa.jagged_attention(q, k, v, offsets_of([9]), window=(3, 0), backend="reference")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.interpreter
+def test_inputs_not_modified_and_noncontiguous_inputs_copied():
+    q, k, v = qkv()
+    wide = torch.randn(10, 2, 64)
+    q_nc = wide[:, :, ::2]  # head dim not contiguous: copied, documented
+    before = [t.clone() for t in (q_nc, k, v, OFF)]
+    out = jfa.jagged_attention(q_nc, k, v, OFF, backend="triton")
+    ref = jfa.jagged_attention(q_nc.contiguous(), k, v, OFF, backend="reference")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for t, b in zip((q_nc, k, v, OFF), before):
+        assert torch.equal(t, b)
+
+
+@pytest.mark.interpreter
+def test_row_strided_inputs_are_taken_as_they_are():
+    qkv_packed = torch.randn(10, 3, 2, 32)  # a fused projection: q, k, v are strided views
+    q, k, v = qkv_packed.unbind(1)
+    out = jfa.jagged_attention(q, k, v, OFF, backend="triton")
+    ref = jfa.jagged_attention(q.contiguous(), k.contiguous(), v.contiguous(), OFF, backend="reference")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_max_len_hints():
+    q, k, v = qkv()
+    ok = jfa.jagged_attention(q, k, v, OFF, max_q_len=6, max_kv_len=6, backend="reference")
+    bigger = jfa.jagged_attention(q, k, v, OFF, max_q_len=100, max_kv_len=100, backend="reference")
+    torch.testing.assert_close(ok, bigger, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="max_q_len=5 is smaller than the longest"):
+        jfa.jagged_attention(q, k, v, OFF, max_q_len=5, backend="reference")
+    with pytest.raises(ValueError, match="max_kv_len=2"):
+        jfa.broadcast_attention(q[:3], k, v, OFF, max_kv_len=2, backend="reference")
+
+
+BAD = {
+    "offsets-float": (lambda q, k, v: (q, k, v, OFF.float()), TypeError, "q_offsets must be int32 or int64"),
+    "offsets-2d": (lambda q, k, v: (q, k, v, OFF.view(1, 3)), ValueError, "q_offsets must be 1-D"),
+    "offsets-not-tensor": (lambda q, k, v: (q, k, v, [0, 4, 10]), TypeError, "q_offsets must be a torch.Tensor"),
+    "offsets-start": (lambda q, k, v: (q, k, v, torch.tensor([1, 4, 10])), ValueError, "must start at 0"),
+    "offsets-decreasing": (lambda q, k, v: (q, k, v, torch.tensor([0, 6, 4, 10])), ValueError, "non-decreasing"),
+    "offsets-end": (lambda q, k, v: (q, k, v, torch.tensor([0, 4, 9])), ValueError, "must end at the number of rows"),
+    "kv-offsets-end": (lambda q, k, v: (q, k, v, OFF, torch.tensor([0, 4, 11])), ValueError,
+                       "kv_offsets must end at the number of rows of k"),
+    "batch-mismatch": (lambda q, k, v: (q, k, v, OFF, torch.tensor([0, 10])), ValueError, "same batch"),
+    "q-2d": (lambda q, k, v: (q[:, 0], k, v, OFF), ValueError, "q must be 3-D"),
+    "k-4d": (lambda q, k, v: (q, k[None], v, OFF), ValueError, "k must be 3-D"),
+    "heads": (lambda q, k, v: (q[:, :1].expand(10, 3, 32), torch.randn(10, 2, 32), torch.randn(10, 2, 32), OFF),
+              ValueError, "multiple of the kv heads"),
+    "head-dim": (lambda q, k, v: (q, k, v[..., :16], OFF), ValueError, "head dims differ"),
+    "kv-rows": (lambda q, k, v: (q, k, v[:9], OFF), ValueError, "k and v must have the same rows"),
+    "dtype-mismatch": (lambda q, k, v: (q, k.double().float().half(), v, OFF), TypeError, "share a dtype"),
+    "dtype-int": (lambda q, k, v: (q.long(), k, v, OFF), TypeError, "q has dtype"),
+    "device-mismatch": (lambda q, k, v: (q, k.to("meta"), v, OFF), ValueError, "one device"),
+    "offsets-device": (lambda q, k, v: (q, k, v, OFF.to("meta")), ValueError, "q_offsets is on meta"),
+    "self-rows": (lambda q, k, v: (q, torch.randn(12, 1, 32), torch.randn(12, 1, 32), OFF), ValueError,
+                  "needs as many k rows"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_raises_clear_error(name):
+    make, exc, msg = BAD[name]
+    with pytest.raises(exc, match=msg):
+        jfa.jagged_attention(*make(*qkv()), backend="reference")
+
+
+@pytest.mark.parametrize("kwargs,exc,msg", [
+    (dict(window=(-2, 0)), ValueError, "window left must be >= -1"),
+    (dict(window=(0, -5)), ValueError, "window right must be >= -1"),
+    (dict(window=(1,)), ValueError, "window must be a pair"),
+    (dict(window=(1.5, 0)), TypeError, "window left must be an int"),
+    (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(scale="x"), TypeError, "scale must be a finite float"),
+    (dict(max_q_len=-1), TypeError, "max_q_len must be a non-negative"),
+    (dict(max_q_len=4.0), TypeError, "max_q_len must be a non-negative"),
+    (dict(backend="cuda"), ValueError, "unknown backend 'cuda'"),
+])
+def test_bad_options(kwargs, exc, msg):
+    q, k, v = qkv()
+    with pytest.raises(exc, match=msg):
+        jfa.jagged_attention(q, k, v, OFF, **kwargs)
+
+
+@pytest.mark.interpreter
+def test_unsupported_head_dim_names_the_backends_that_take_it():
+    q, k, v = qkv(d=8)
+    with pytest.raises(ValueError, match=r"backend 'triton' does not take head dim 8.*\['reference'\]"):
+        jfa.jagged_attention(q, k, v, OFF, backend="triton")
+    out = jfa.jagged_attention(q, k, v, OFF)  # auto falls back to one that takes it
+    assert out.shape == q.shape
+
+
+def test_broadcast_bad_inputs():
+    q, k, v = qkv(tq=3)
+    with pytest.raises(ValueError, match="q must be 3-D"):
+        jfa.broadcast_attention(q[None], k, v, OFF)
+    with pytest.raises(ValueError, match="kv_offsets must end"):
+        jfa.broadcast_attention(q, k, v, torch.tensor([0, 4, 8]))
+
+
+@pytest.mark.interpreter
+def test_available_backends():
+    assert "reference" in jfa.available_backends("cpu", 64, torch.float32)
+    assert "triton" in jfa.available_backends("cpu", 64, torch.float32)
+    assert "triton" not in jfa.available_backends("cpu", 512, torch.float32)

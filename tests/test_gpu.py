@@ -1,0 +1,104 @@
+"""GPU tests (skipped without CUDA): the Triton backend on larger jagged batches in bf16/fp16/fp32, every mode,
+forward and backward; CUDA graph capture and replay with new offsets; no host sync when max lens are given."""
+import pytest
+import torch
+
+import jfa
+from jfa.testing import compare, make_case
+
+pytestmark = pytest.mark.gpu
+
+LENS = [0, 1, 63, 64, 65, 127, 129, 511, 1000, 2047]
+MODES = {
+    "self": dict(q_lens=LENS),
+    "causal": dict(q_lens=LENS, causal=True),
+    "window": dict(q_lens=LENS, window=(256, 256)),
+    "causal-window": dict(q_lens=LENS, causal=True, window=(100, -1)),
+    "cross": dict(q_lens=LENS, kv_lens=LENS[::-1], causal=True),
+    "gqa": dict(q_lens=LENS, hq=8, hkv=2),
+    "broadcast": dict(q_lens=None, kv_lens=LENS, broadcast_lq=256),
+    "broadcast-causal-gqa": dict(q_lens=None, kv_lens=LENS, broadcast_lq=64, causal=True, hq=8, hkv=4),
+}
+
+
+def run(case, backend="triton"):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+    w = (case.left, case.right)
+    if case.broadcast:
+        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, window=w, return_lse=True, backend=backend)
+        out = out.reshape(-1, q.shape[1], q.shape[2])
+    else:
+        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, window=w, return_lse=True,
+                                        backend=backend)
+    return out.detach(), lse.detach(), torch.autograd.grad(out, (q, k, v), case.dout)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_gpu_modes(mode, dtype, d):
+    kw = dict(MODES[mode])
+    kw.setdefault("hq", 4)
+    kw.setdefault("hkv", 4)
+    case = make_case(**kw, d=d, dtype=dtype, device="cuda", seed=d)
+    out, lse, grads = run(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("d,dtype", [(32, torch.bfloat16), (96, torch.bfloat16), (256, torch.bfloat16),
+                                     (64, torch.float32), (128, torch.float32)])
+def test_gpu_head_dims_and_fp32(d, dtype):
+    case = make_case([1, 65, 129, 700], hq=4, hkv=2, d=d, dtype=dtype, device="cuda", causal=True, seed=d)
+    out, lse, grads = run(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+def test_gpu_auto_is_a_kernel_backend():
+    assert jfa.backends.select("auto", torch.device("cuda"), 128, torch.bfloat16) != "reference"
+
+
+def test_gpu_no_host_sync_with_max_lens():
+    case = make_case([63, 129, 0, 65], hq=4, hkv=4, d=64, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = jfa.jagged_attention(q, k, v, case.q_offsets, max_q_len=129, max_kv_len=129, causal=True)
+        out.backward(case.dout)
+        pooled = jfa.broadcast_attention(q[:16], k, v, case.kv_offsets, max_kv_len=129)
+        pooled.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_gpu_cuda_graph_replay_with_new_offsets():
+    """Capture forward + backward once; replay with other lengths (same B and total) in the same buffers."""
+    d, h = 64, 4
+    first, second = [100, 0, 300, 112], [1, 255, 200, 56]
+    case = make_case(first, hq=h, hkv=h, d=d, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+    offsets, dout = case.q_offsets.clone(), case.dout.clone()
+
+    def step():
+        out = jfa.jagged_attention(q, k, v, offsets, max_q_len=512, max_kv_len=512, causal=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        return out, grads
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_grads = step()
+    for lens in (second, first):
+        offsets.copy_(torch.tensor([0] + lens, device="cuda").cumsum(0).to(offsets.dtype))
+        graph.replay()
+        eager_out, eager_grads = step()
+        torch.testing.assert_close(g_out, eager_out, rtol=0, atol=0)
+        for a, b in zip(g_grads, eager_grads):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

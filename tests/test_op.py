@@ -1,0 +1,46 @@
+"""The custom op: torch.library.opcheck (schema, fake tensors, autograd registration) and
+torch.compile(fullgraph=True) through forward and backward."""
+import pytest
+import torch
+
+import jfa
+from jfa.testing import make_case
+
+
+def op_args(case, backend):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+    return (q, k, v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+@pytest.mark.parametrize("mode", ["self-causal", "cross-window", "broadcast"])
+def test_opcheck(backend, mode):
+    kwargs = {"self-causal": dict(q_lens=[3, 0, 17], causal=True),
+              "cross-window": dict(q_lens=[5, 9], kv_lens=[20, 0], window=(3, 2), hq=4, hkv=2),
+              "broadcast": dict(q_lens=None, kv_lens=[7, 0, 18], broadcast_lq=5)}[mode]
+    case = make_case(**kwargs)
+    torch.library.opcheck(torch.ops.jfa.attention.default, op_args(case, backend))
+    out, lse = torch.ops.jfa.attention(*op_args(case, backend))
+    bwd_args = (case.dout, None, case.q, case.k, case.v, out.detach(), lse.detach(), case.q_offsets,
+                case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend)
+    torch.library.opcheck(torch.ops.jfa.attention_backward.default, bwd_args)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_compile_fullgraph_forward_backward(backend):
+    case = make_case([5, 17, 0, 9], causal=True, hq=4, hkv=2)
+    qb = torch.randn(6, 4, 32)
+
+    def step(q, k, v, qb, offsets):
+        out = jfa.jagged_attention(q, k, v, offsets, causal=True, backend=backend)
+        pooled = jfa.broadcast_attention(qb, k, v, offsets, backend=backend)
+        return (out.float().square().sum() + pooled.float().square().sum())
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    grads = {}
+    for name, fn in (("eager", step), ("compiled", compiled)):
+        inputs = [x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v, qb)]
+        loss = fn(*inputs, case.q_offsets)
+        grads[name] = (loss.detach(), *torch.autograd.grad(loss, inputs))
+    for a, b in zip(grads["eager"], grads["compiled"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
