@@ -11,6 +11,11 @@ PY=${PYTHON:-python3}
 if "$PY" -c "import sys, torch, triton; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   echo "setup: CUDA torch found system-wide; making $VENV with system site packages"
   "$PY" -m venv --system-site-packages "$VENV"
+  # python3 may itself be a venv (the H200 image's is /opt/torch/.venv): --system-site-packages then sees
+  # only the base interpreter's packages, so point the new venv at the site-packages that hold torch too.
+  site=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  "$VENV/bin/python" -c "import torch" 2>/dev/null || \
+    echo "$site" > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_system_torch.pth"
   "$VENV/bin/pip" install -q --no-deps --no-build-isolation --no-index -e .
 else
   echo "setup: no CUDA torch; installing torch 2.13.0 (CPU) and triton 3.6.0 into $VENV"
