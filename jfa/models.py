@@ -13,6 +13,7 @@ Also here: the synthetic click data (skewed lengths, as the benchmark suite) and
 from __future__ import annotations
 
 import heapq
+import inspect
 import math
 
 import torch
@@ -50,7 +51,11 @@ def self_attention(q, k, v, offsets, *, causal=False, impl="jfa", backend="auto"
     if impl == "fa2":
         from torch.nn.attention.varlen import varlen_attn
         m, cu = _max_len(offsets, max_len), offsets.to(torch.int32)
-        return varlen_attn(q, k, v, cu, cu, m, m, window_size=(-1, 0) if causal else (-1, -1), enable_gqa=gqa)
+        if gqa and "enable_gqa" not in inspect.signature(varlen_attn).parameters:  # torch < 2.13: repeat k, v
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+            gqa = False
+        return varlen_attn(q, k, v, cu, cu, m, m, window_size=(-1, 0) if causal else (-1, -1),
+                           **({"enable_gqa": True} if gqa else {}))
     if impl == "padded":
         m = _max_len(offsets, max_len)
         qp, lens = to_padded(q, offsets, m)  # [B, L, Hq, D]

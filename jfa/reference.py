@@ -56,11 +56,14 @@ def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, 
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
-def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute_dtype=torch.float32):
+def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute_dtype=torch.float32,
+                           magnitudes=False):
     """Explicit gradients for one sequence (what the kernels compute), checked against autograd in the tests.
 
     P = exp(S - lse), dV = P^T dO, dP = dO V^T, Delta = rowsum(dO * O) - dLSE, dS = P * (dP - Delta),
     dQ = scale * dS K, dK = scale * dS^T Q; GQA sums dK/dV over the query heads of a group.
+    ``magnitudes=True`` computes the same sums over absolute values (|dO|, |V|, |Q|, |K|, |dP| + |Delta|):
+    the size of the terms whose rounding the gradients carry (the tests' error bound for float32).
     """
     lq, hq, d = q.shape
     lk, hkv, _ = k.shape
@@ -73,11 +76,15 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
     s = (torch.matmul(qh, kh.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
     s = s.masked_fill(~row_sees.unsqueeze(-1), 0.0)
     p = torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True)) * row_sees.unsqueeze(-1)  # [Hq, Lq, Lk]
+    if magnitudes:
+        qh, kh, vh, oh, doh = qh.abs(), kh.abs(), vh.abs(), oh.abs(), doh.abs()
+        dlse = None if dlse is None else -dlse.abs()
     delta = (doh * oh).sum(-1)  # [Hq, Lq]
     if dlse is not None:
         delta = delta - dlse.to(dt).masked_fill(~row_sees, 0.0)
     dv = torch.matmul(p.transpose(-1, -2), doh)
-    ds = p * (torch.matmul(doh, vh.transpose(-1, -2)) - delta.unsqueeze(-1))
+    dp = torch.matmul(doh, vh.transpose(-1, -2))
+    ds = p * (dp + delta.unsqueeze(-1)) if magnitudes else p * (dp - delta.unsqueeze(-1))
     dq = torch.matmul(ds, kh) * scale
     dk = torch.matmul(ds.transpose(-1, -2), qh) * scale
     dk = dk.view(hkv, group, lk, d).sum(1)
@@ -86,7 +93,7 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
 
 
 def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale, left=-1, right=-1,
-                       broadcast=False, compute_dtype=torch.float32):
+                       broadcast=False, compute_dtype=torch.float32, magnitudes=False):
     """Gradients (dq, dk, dv) of ``attention`` for upstream grads dout ``[rows, Hq, D]`` and dlse
     ``[Hq, rows]`` (or None). Broadcast: dq sums the batch's contributions in float32."""
     kv_off = kv_offsets.tolist()
@@ -98,7 +105,7 @@ def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale
         qs, ks = slice(q_off[b], q_off[b + 1]), slice(kv_off[b], kv_off[b + 1])
         qb = q if broadcast else q[qs]
         g = attention_one_backward(qb, k[ks], v[ks], out[qs], dout[qs], None if dlse is None else dlse[:, qs],
-                                   scale, left, right, compute_dtype)
+                                   scale, left, right, compute_dtype, magnitudes)
         if broadcast:
             dq += g[0]
         else:
