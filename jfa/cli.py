@@ -79,6 +79,8 @@ def check(args) -> int:
         dtypes, dims = (torch.bfloat16, torch.float16, torch.float32), (32, 64, 96, 128, 256)
     else:
         dtypes, dims = (torch.float32, torch.bfloat16), (64,)
+    if args.dtype:
+        dtypes = tuple(getattr(torch, name) for name in args.dtype.split(","))
     backends = [b for b in BACKENDS if b != "reference"] if not args.backend else args.backend.split(",")
     print(f"jfa check on {torch.cuda.get_device_name(0) if dev.type == 'cuda' else 'CPU'}: "
           f"{len(backends)} backend(s) x {len(MODES)} modes x {len(dtypes)} dtypes x {len(dims)} head dims")
@@ -155,6 +157,7 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="versions, device, backends").set_defaults(fn=info)
     p = sub.add_parser("check", help="the correctness matrix on this device")
     p.add_argument("--backend", help="comma-separated backends (default: all but the reference)")
+    p.add_argument("--dtype", help="comma-separated dtypes, e.g. float32 (default: all for the device)")
     p.set_defaults(fn=check)
     sub.add_parser("demo", help="a GEM-like batch through the best backend, checked").set_defaults(fn=demo)
     p = sub.add_parser("bench", help="the benchmark suite against the peers")

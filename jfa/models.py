@@ -41,6 +41,18 @@ def _padded_mask(lens, lq, lk, causal):
     return mask.unsqueeze(1)
 
 
+def _fa2(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
+    """torch's varlen_attn (FA2); GQA through enable_gqa where torch has it, else k/v repeated per q head."""
+    from torch.nn.attention.varlen import varlen_attn
+    kw = {"window_size": window_size}
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+            kw["enable_gqa"] = True
+        else:
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+
+
 def self_attention(q, k, v, offsets, *, causal=False, impl="jfa", backend="auto", max_len=None):
     """Jagged self-attention: q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``, offsets ``[B+1]`` -> ``[T, Hq, D]``."""
     gqa = q.shape[1] != k.shape[1]
@@ -49,13 +61,8 @@ def self_attention(q, k, v, offsets, *, causal=False, impl="jfa", backend="auto"
         return jagged_attention(q, k, v, offsets, max_q_len=max_len, max_kv_len=max_len, causal=causal,
                                 backend=backend)
     if impl == "fa2":
-        from torch.nn.attention.varlen import varlen_attn
         m, cu = _max_len(offsets, max_len), offsets.to(torch.int32)
-        if gqa and "enable_gqa" not in inspect.signature(varlen_attn).parameters:  # torch < 2.13: repeat k, v
-            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-            gqa = False
-        return varlen_attn(q, k, v, cu, cu, m, m, window_size=(-1, 0) if causal else (-1, -1),
-                           **({"enable_gqa": True} if gqa else {}))
+        return _fa2(q, k, v, cu, cu, m, m, window_size=(-1, 0) if causal else (-1, -1))
     if impl == "padded":
         m = _max_len(offsets, max_len)
         qp, lens = to_padded(q, offsets, m)  # [B, L, Hq, D]
@@ -75,10 +82,9 @@ def pool_attention(q, k, v, offsets, *, impl="jfa", backend="auto", max_len=None
         from .api import broadcast_attention
         return broadcast_attention(q, k, v, offsets, max_kv_len=max_len, backend=backend)
     if impl == "fa2":
-        from torch.nn.attention.varlen import varlen_attn
         qx = q.unsqueeze(0).expand(batch, -1, -1, -1).reshape(batch * lq, q.shape[1], q.shape[2])
         cu_q = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * lq
-        out = varlen_attn(qx, k, v, cu_q, offsets.to(torch.int32), lq, _max_len(offsets, max_len), enable_gqa=gqa)
+        out = _fa2(qx, k, v, cu_q, offsets.to(torch.int32), lq, _max_len(offsets, max_len))
         return out.view(batch, lq, q.shape[1], q.shape[2])
     if impl == "padded":
         m = _max_len(offsets, max_len)
