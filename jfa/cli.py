@@ -17,7 +17,7 @@ import torch
 import jfa
 from jfa import bench
 from jfa.backends import BACKENDS, available_backends, select
-from jfa.testing import compare, make_case
+from jfa.testing import compare, make_case, run_backend
 
 
 def _device() -> torch.device:
@@ -59,20 +59,6 @@ MODES = {
 }
 
 
-def _run_case(case, backend):
-    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
-    w = (case.left, case.right)
-    if case.broadcast:
-        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, window=w, scale=case.scale, return_lse=True,
-                                           backend=backend)
-        out = out.reshape(-1, q.shape[1], q.shape[2])
-    else:
-        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, window=w, scale=case.scale,
-                                        return_lse=True, backend=backend)
-    grads = torch.autograd.grad(out, (q, k, v), case.dout)
-    return out.detach(), lse.detach(), grads
-
-
 def check(args) -> int:
     dev = _device()
     if dev.type == "cuda":
@@ -95,7 +81,7 @@ def check(args) -> int:
                 for mode, kw in MODES.items():
                     case = make_case(**kw, d=d, dtype=dtype, device=dev, seed=d + len(mode))
                     total += 1
-                    out, lse, grads = _run_case(case, backend)
+                    out, lse, grads = run_backend(case, backend)
                     errs = compare(case, out, lse, grads)
                     if errs:
                         bad.append(f"{mode}: {errs[0]}")
@@ -136,14 +122,14 @@ def demo(_args) -> int:
     for name, kw in (("self, causal", dict(q_lens=lens.tolist(), causal=True)),
                      (f"PMA pooling (q={lq})", dict(q_lens=None, kv_lens=lens.tolist(), broadcast_lq=lq))):
         case = make_case(**kw, hq=heads, hkv=heads, d=d, dtype=torch.bfloat16, device=dev, seed=1)
-        out, lse, grads = _run_case(case, backend)
+        out, lse, grads = run_backend(case, backend)
         ok = not compare(case, out, lse, grads)
-        ref_out, _, ref_grads = _run_case(case, "reference")
+        ref_out, _, ref_grads = run_backend(case, "reference")
         err_f = ((out.float() - ref_out.float()).norm() / ref_out.float().norm()).item()
         err_b = max(((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
                     for a, b in zip(grads, ref_grads))
         reps = 10 if gpu else 1
-        step_ms = _timed(lambda: _run_case(case, backend), dev, reps)
+        step_ms = _timed(lambda: run_backend(case, backend), dev, reps)
         rows.append((name, tuple(case.q.shape), tuple(case.k.shape), err_f, err_b, step_ms, ok))
     print(f"{'mode':<22}{'q':>16}{'k/v':>16}{'rel err fwd':>13}{'rel err bwd':>13}{'fwd+bwd ms':>12}  check")
     for name, qs, ks, ef, eb, ms, ok in rows:

@@ -237,3 +237,23 @@ def test_cli_smoke_from_a_lengths_file(tmp_path, capsys):
     assert all(r["correct"] for r in w["results"].values())
     assert data["env"]["smoke"] is True and data["ceiling_tflops"] > 0
     assert "lens" in capsys.readouterr().out
+
+
+def test_flex_provider_masks_windows_like_the_reference():
+    """FlexAttention peer on the CPU (forward): its document + window mask must match jfa's visibility rule,
+    also when a second workload recompiles the mask with other window bounds (as a bench run does: a bound
+    captured as a Python int then turned into a SymInt and broke create_block_mask on the H200)."""
+    import dataclasses
+
+    import jfa
+    from jfa.bench import providers, suite
+    base = next(w for w in suite.load_suite()[1] if w.name == "window-256")
+    for window in ([20, 3], [7, 0], [-1, 0]):
+        w = dataclasses.replace(base, batch=3, max_len=160, heads_q=2, heads_kv=2, head_dim=32, window=window)
+        inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+        for t in (inp.q, inp.k, inp.v):
+            t.requires_grad_(False)  # FlexAttention has no CPU backward
+        fn, _ = providers.Flex().build(inp)
+        ref = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, window=tuple(window),
+                                   backend="reference")
+        torch.testing.assert_close(fn(), ref, atol=1e-5, rtol=1e-5)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import jfa
-from jfa.testing import compare, make_case
+from jfa.testing import compare, make_case, run_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -21,16 +21,8 @@ MODES = {
 }
 
 
-def run(case, backend="triton"):
-    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
-    w = (case.left, case.right)
-    if case.broadcast:
-        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, window=w, return_lse=True, backend=backend)
-        out = out.reshape(-1, q.shape[1], q.shape[2])
-    else:
-        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, window=w, return_lse=True,
-                                        backend=backend)
-    return out.detach(), lse.detach(), torch.autograd.grad(out, (q, k, v), case.dout)
+def run(case):
+    return run_backend(case, "triton")
 
 
 @pytest.mark.parametrize("d", [64, 128])

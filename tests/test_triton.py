@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jfa
-from jfa.testing import compare, make_case
+from jfa.testing import compare, make_case, run_backend
 
 pytestmark = pytest.mark.interpreter
 
@@ -37,18 +37,8 @@ CASES = {
 }
 
 
-def run_triton(case, with_lse_grad=False):
-    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
-    window = (case.left, case.right)
-    if case.broadcast:
-        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, window=window, scale=case.scale,
-                                           return_lse=True, backend="triton")
-        out = out.reshape(-1, q.shape[1], q.shape[2])
-    else:
-        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, window=window,
-                                        scale=case.scale, return_lse=True, backend="triton")
-    grads = torch.autograd.grad(out, (q, k, v), case.dout) if out.numel() else None
-    return out.detach(), lse.detach(), grads
+def run_triton(case):
+    return run_backend(case, "triton")
 
 
 @pytest.mark.parametrize("name", list(CASES))

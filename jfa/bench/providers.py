@@ -203,13 +203,17 @@ class Flex(Provider):
         doc_k, pos_k = _doc_positions(inp.kv_lens, device)
         shift = (inp.kv_lens - inp.q_lens).to(device=device, dtype=torch.int32)
         ipos_q = pos_q + shift[doc_q]  # bottom-right aligned query position
+        # The window as per-query key bounds, precomputed: a Python int inside mask_mod becomes a SymInt under
+        # create_block_mask(_compile=True), which the vmap'd int32 tensor arithmetic rejects.
+        lo_q = ipos_q - left if left >= 0 else None
+        hi_q = ipos_q + right if right >= 0 else None
 
         def mask_mod(b, h, q_idx, kv_idx):
             m = doc_q[q_idx] == doc_k[kv_idx]
-            if left >= 0:
-                m = m & (pos_k[kv_idx] >= ipos_q[q_idx] - left)
-            if right >= 0:
-                m = m & (pos_k[kv_idx] <= ipos_q[q_idx] + right)
+            if lo_q is not None:
+                m = m & (pos_k[kv_idx] >= lo_q[q_idx])
+            if hi_q is not None:
+                m = m & (pos_k[kv_idx] <= hi_q[q_idx])
             return m
 
         rows, tk = doc_q.numel(), doc_k.numel()
