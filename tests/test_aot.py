@@ -20,7 +20,7 @@ print(json.dumps(rows))
 """
 
 # Spill budget per kernel at the chosen configs (bytes, ptxas -v for sm_90a); 0 = must not spill.
-SPILL_BUDGET = {("fwd", 64): 0, ("dkdv", 64): 0, ("dq", 64): 0, ("fwd", 128): 0, ("dkdv", 128): 1024,
+SPILL_BUDGET = {("fwd", 64): 0, ("fwd_persistent", 64): 0, ("fwd_persistent", 128): 0, ("dkdv", 64): 0, ("dq", 64): 0, ("fwd", 128): 0, ("dkdv", 128): 1024,
                 ("dq", 128): 64, ("preprocess", 64): 0, ("preprocess", 128): 0}
 
 

@@ -94,3 +94,22 @@ def test_gpu_cuda_graph_replay_with_new_offsets():
         torch.testing.assert_close(g_out, eager_out, rtol=0, atol=0)
         for a, b in zip(g_grads, eager_grads):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["causal", "window", "broadcast-causal-gqa"])
+def test_gpu_persistent_forward(mode):
+    """The persistent, load-balanced forward (jfa.schedule), forward against the reference; no host sync."""
+    from jfa.triton import launch
+    kw = dict(MODES[mode])
+    kw.setdefault("hq", 4)
+    kw.setdefault("hkv", 4)
+    case = make_case(**kw, d=128, dtype=torch.bfloat16, device="cuda", seed=7)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, lse = launch.forward(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
+                                  case.right, case.broadcast, schedule="persistent")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    failures = compare(case, out, lse)
+    assert not failures, "\n".join(failures)

@@ -61,12 +61,15 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
     t, cfgs = _TL[dtype], configs(_DEVICE, head_dim, dtype)
     common = dict(GROUP=1, D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), DOT=_dot_mode(dtype),
                   BROADCAST=broadcast)
-    ptr = {"q_offsets": "*i32", "kv_offsets": "*i32", "tiles": "*i32", "LSE": "*fp32", "DELTA": "*fp32",
+    ptr = {"q_offsets": "*i32", "kv_offsets": "*i32", "tiles": "*i32", "order": "*i32", "sm_start": "*i32",
+           "LSE": "*fp32", "DELTA": "*fp32",
            "DLSE": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
     for x in ("Q", "K", "V", "O", "DO", "DK", "DV"):
         ptr[x] = f"*{t}"
     if name == "fwd":
         fn, cfg = kernels.attention_fwd_kernel, cfgs.fwd
+    elif name == "fwd_persistent":
+        fn, cfg = kernels.attention_fwd_persistent_kernel, cfgs.fwd_persistent
     elif name == "dkdv":
         fn, cfg = kernels.attention_bwd_dkdv_kernel, cfgs.dkdv
     elif name == "dq":
@@ -88,7 +91,7 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
     return Report(name, head_dim, t, len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
 
 
-KERNELS = ("fwd", "dkdv", "dq", "preprocess")
+KERNELS = ("fwd", "fwd_persistent", "dkdv", "dq", "preprocess")
 
 
 def main() -> int:

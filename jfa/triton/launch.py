@@ -5,13 +5,16 @@ the grid is sized from the tensor shapes alone, so the launches can be captured 
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
 from ..jagged import kernel_window, tile_table
+from ..schedule import ScheduleCache
 
 HEAD_DIMS = (32, 64, 96, 128, 256)  # tested; any head dim from 16 to 256 compiles
 
@@ -49,12 +52,13 @@ class TileConfig:
 @dataclass(frozen=True)
 class Configs:
     fwd: TileConfig
+    fwd_persistent: TileConfig  # the same tile body inside a loop over the SM's schedule
     dkdv: TileConfig  # the dK/dV pass owns key tiles of block_n rows, walks query blocks of block_m
     dq: TileConfig
 
 
 # Interpreter (CPU): small, unequal tiles so the awkward lengths cross several blocks in both directions.
-_INTERPRETER = Configs(TileConfig(32, 16), TileConfig(16, 32), TileConfig(32, 16))
+_INTERPRETER = Configs(TileConfig(32, 16), TileConfig(32, 16), TileConfig(16, 32), TileConfig(32, 16))
 
 
 def configs(device: torch.device, head_dim: int, dtype: torch.dtype) -> Configs:
@@ -66,14 +70,18 @@ def configs(device: torch.device, head_dim: int, dtype: torch.dtype) -> Configs:
     if device.type != "cuda":
         return _INTERPRETER
     if dtype == torch.float32:  # exact fp32 (no tf32): plain FMA dots, small tiles
-        return Configs(TileConfig(64, 32), TileConfig(32, 64), TileConfig(64, 32))
-    # sm_90 ptxas, bf16 (docs/perf-notes.md, "AOT"): 0 spills at D<=64 and for the D=128 forward;
-    # the D=128 backward spills least with these (dK/dV 748 B, dQ 32 B); D=256 spills everywhere.
+        return Configs(TileConfig(64, 32), TileConfig(64, 32), TileConfig(32, 64), TileConfig(64, 32))
+    # sm_90 ptxas, bf16 (docs/perf-notes.md, "AOT"): 0 spills at D<=64 and for the D=128 forwards (the
+    # persistent one needs 128x32: 296 B at 128x64); the D=128 backward spills least with these (dK/dV
+    # 748 B, dQ 32 B); D=256 spills everywhere.
     if head_dim <= 64:
-        return Configs(TileConfig(128, 64, 8, 3), TileConfig(64, 64, 8, 2), TileConfig(64, 64, 8, 2))
+        return Configs(TileConfig(128, 64, 8, 3), TileConfig(128, 64, 8, 3), TileConfig(64, 64, 8, 2),
+                       TileConfig(64, 64, 8, 2))
     if head_dim <= 128:
-        return Configs(TileConfig(128, 64, 8, 2), TileConfig(16, 64, 4, 2), TileConfig(64, 16, 4, 2))
-    return Configs(TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 1), TileConfig(64, 32, 4, 1))
+        return Configs(TileConfig(128, 64, 8, 2), TileConfig(128, 32, 8, 2), TileConfig(16, 64, 4, 2),
+                       TileConfig(64, 16, 4, 2))
+    return Configs(TileConfig(64, 32, 4, 2), TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 1),
+                   TileConfig(64, 32, 4, 1))
 
 
 def _dot_mode(dtype: torch.dtype) -> str:
@@ -88,7 +96,21 @@ def _common(q, k, head_dim):
                 DOT=_dot_mode(q.dtype))
 
 
-def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
+# Forward schedule: "grid" (one program per tile and head) or "persistent" (one program per SM over a
+# load-balanced jfa.schedule). "grid" stays the default until the H200 measures the persistent one
+# (docs/perf-notes.md); JFA_TRITON_FWD_SCHEDULE=persistent selects it for that measurement.
+FWD_SCHEDULE = os.environ.get("JFA_TRITON_FWD_SCHEDULE", "grid")
+_SCHEDULES = ScheduleCache()
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few "SMs", so the tests see several programs share the work
+
+
+def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedule=None):
     """-> (out [rows, Hq, D], lse [Hq, rows] float32). q_offsets give the output rows (b*Lq in broadcast)."""
     batch = kv_offsets.numel() - 1
     rows = batch * q.shape[0] if broadcast else q.shape[0]
@@ -97,16 +119,28 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
     lse = torch.empty(hq, rows, dtype=torch.float32, device=q.device)
     if rows == 0 or batch == 0:
         return out, lse
-    cfg = configs(q.device, head_dim, q.dtype).fwd
-    tiles = tile_table(q_offsets, cfg.block_m, rows)
+    schedule = schedule or FWD_SCHEDULE
+    cfgs = configs(q.device, head_dim, q.dtype)
+    cfg = cfgs.fwd_persistent if schedule == "persistent" else cfgs.fwd
     lk, rk = kernel_window(left, right)
-    kernels_for(q.device).attention_fwd_kernel[(tiles.shape[1], hq)](
-        q, k, v, out, lse, q_offsets, kv_offsets, tiles,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        tiles.shape[1], scale * math.log2(math.e), lk, rk,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_common(q, k, head_dim))
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               out.stride(0), out.stride(1), lse.stride(0))
+    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, **_common(q, k, head_dim))
+    kernels = kernels_for(q.device)
+    if schedule == "persistent":
+        num_sms = _num_sms(q.device)
+        sched = _SCHEDULES.get(q_offsets, kv_offsets, rows, hq, cfg.block_m, cfg.block_n, left, right, num_sms)
+        kernels.attention_fwd_persistent_kernel[(num_sms,)](
+            q, k, v, out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start, *strides,
+            sched.tiles.shape[1], hq, scale * math.log2(math.e), lk, rk, **meta)
+    elif schedule == "grid":
+        tiles = tile_table(q_offsets, cfg.block_m, rows)
+        kernels.attention_fwd_kernel[(tiles.shape[1], hq)](
+            q, k, v, out, lse, q_offsets, kv_offsets, tiles, *strides,
+            tiles.shape[1], scale * math.log2(math.e), lk, rk, **meta)
+    else:
+        raise ValueError(f"unknown forward schedule {schedule!r}: 'grid' or 'persistent'")
     return out, lse
 
 

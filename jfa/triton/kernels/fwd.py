@@ -44,19 +44,11 @@ def _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, start, end, q_len, kv_
 
 
 @triton.jit
-def attention_fwd_kernel(
-    Q, K, V, O, LSE, q_offsets, kv_offsets, tiles,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-    tile_capacity, qk_scale, LEFT, RIGHT,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr,
-):
-    i_tile = tl.program_id(0)
-    i_h = tl.program_id(1)
-    seq = tl.load(tiles + i_tile)
-    if seq < 0:  # unused slot of the tile table
-        return
-    m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
+def _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h,
+              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
+              qk_scale, LEFT, RIGHT, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr):
+    """Query rows [m0, m0 + BLOCK_M) of sequence `seq`, head i_h: output and lse."""
     q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
     Q += i_h * stride_qh
     if not BROADCAST:  # broadcast: every sequence reads the same dense q rows
@@ -90,3 +82,45 @@ def attention_fwd_kernel(
     p_o = O + q_start.to(tl.int64) * stride_ot + i_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
     tl.store(LSE + i_h * stride_lh + q_start + offs_m, b_lse, mask=m_m)
+
+
+@triton.jit
+def attention_fwd_kernel(
+    Q, K, V, O, LSE, q_offsets, kv_offsets, tiles,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
+    tile_capacity, qk_scale, LEFT, RIGHT,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr,
+):
+    """One program per (tile of the tile table, head)."""
+    i_tile = tl.program_id(0)
+    i_h = tl.program_id(1)
+    seq = tl.load(tiles + i_tile)
+    if seq >= 0:  # else an unused slot of the tile table
+        m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
+        _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h, stride_qt, stride_qh, stride_kt,
+                  stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, qk_scale, LEFT, RIGHT,
+                  GROUP, D, BLOCK_D, BLOCK_M, BLOCK_N, BROADCAST, DOT)
+
+
+@triton.jit
+def attention_fwd_persistent_kernel(
+    Q, K, V, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
+    tile_capacity, heads, qk_scale, LEFT, RIGHT,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr,
+):
+    """Persistent: one program per SM, running its items of a jfa.schedule (heaviest first, zigzag-dealt)."""
+    i_sm = tl.program_id(0)
+    start = tl.load(sm_start + i_sm)
+    end = tl.load(sm_start + i_sm + 1)
+    for idx in range(start, end):
+        item = tl.load(order + idx)
+        if item >= 0:
+            i_tile = item // heads
+            seq = tl.load(tiles + i_tile)
+            m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
+            _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, item % heads, stride_qt, stride_qh,
+                      stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, qk_scale,
+                      LEFT, RIGHT, GROUP, D, BLOCK_D, BLOCK_M, BLOCK_N, BROADCAST, DOT)

@@ -1,0 +1,111 @@
+"""Load-balanced tile schedules for persistent kernels (one CTA per SM looping over its tiles).
+
+A work item is (sequence, query tile, head). Its cost is the number of key blocks its rows see (the blocks
+the kernel loop visits, jfa.jagged's visibility rule); items are sorted heaviest first and dealt to the SMs
+in a zigzag (round r deals SM 0..S-1 when r is even, S-1..0 when odd), the scheme of Meta's TLX jagged
+kernel. Built with torch ops on the offsets' device, sized from shapes alone: no host sync, capturable in a
+CUDA graph. ``Schedule.order`` lists item ids grouped by SM; SM s runs ``order[sm_start[s]:sm_start[s+1]]``.
+Unused capacity (tiles of the jagged tile table's padding) has cost -1, sorts last, and is marked -1.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from .jagged import tile_table
+
+
+@dataclass(frozen=True)
+class Schedule:
+    tiles: torch.Tensor  # int32 [2, capacity]: (sequence, query tile) per tile id (jagged.tile_table)
+    order: torch.Tensor  # int32 [capacity * heads]: item ids (tile * heads + head), grouped by SM; -1 = none
+    sm_start: torch.Tensor  # int32 [num_sms + 1]: SM s owns order[sm_start[s]:sm_start[s + 1]]
+    cost: torch.Tensor  # int32 [capacity * heads]: key blocks per item id (-1 for unused slots)
+    heads: int
+
+
+def key_block_counts(q_offsets, kv_offsets, tiles, block_m: int, block_n: int, left: int, right: int):
+    """Key blocks visited by each tile of a tile table (int64 [capacity]; -1 for unused slots).
+
+    Same ranges as the kernels' common.key_blocks: keys [lo, hi) with lo aligned down to block_n.
+    """
+    seq, blk = tiles[0].long(), tiles[1].long()
+    valid = seq >= 0
+    s = torch.clamp(seq, min=0)
+    q_off, kv_off = q_offsets.long(), kv_offsets.long()
+    lq = q_off[s + 1] - q_off[s]
+    lk = kv_off[s + 1] - kv_off[s]
+    shift = lk - lq
+    m0 = blk * block_m
+    m_last = torch.minimum(m0 + block_m, lq) - 1
+    lo = torch.clamp(m0 + shift - left, min=0) if left >= 0 else torch.zeros_like(m0)
+    hi = torch.minimum(m_last + shift + right + 1, lk) if right >= 0 else lk
+    lo = (lo // block_n) * block_n
+    count = torch.clamp((hi - lo + block_n - 1) // block_n, min=0)
+    return torch.where(valid, count, torch.full_like(count, -1))
+
+
+def zigzag_sm(rank: torch.Tensor, num_sms: int) -> torch.Tensor:
+    """SM of the item at position `rank` of the heaviest-first order."""
+    r, i = rank // num_sms, rank % num_sms
+    return torch.where(r % 2 == 0, i, num_sms - 1 - i)
+
+
+def build(q_offsets, kv_offsets, rows: int, heads: int, block_m: int, block_n: int, left: int, right: int,
+          num_sms: int) -> Schedule:
+    """The schedule of one attention call (see module doc). rows = query rows (B*Lq in broadcast mode)."""
+    tiles = tile_table(q_offsets, block_m, rows)
+    per_tile = key_block_counts(q_offsets, kv_offsets, tiles, block_m, block_n, left, right)
+    cost = per_tile.repeat_interleave(heads)  # item id = tile * heads + head
+    n = cost.numel()
+    device = cost.device
+    ranked = torch.sort(cost, descending=True, stable=True).indices  # heaviest first; unused (-1) last
+    rank_of = torch.empty(n, dtype=torch.long, device=device)
+    rank_of[ranked] = torch.arange(n, device=device)
+    sm = zigzag_sm(rank_of, num_sms)
+    by_sm = torch.sort(sm * (n + 1) + rank_of).indices  # grouped by SM, heaviest first within each
+    counts = torch.zeros(num_sms, dtype=torch.long, device=device).scatter_add_(0, sm, torch.ones_like(sm))
+    sm_start = torch.zeros(num_sms + 1, dtype=torch.long, device=device)
+    sm_start[1:] = torch.cumsum(counts, 0)
+    order = torch.where(cost[by_sm] >= 0, by_sm, torch.full_like(by_sm, -1))
+    return Schedule(tiles, order.to(torch.int32), sm_start.to(torch.int32), cost.to(torch.int32), heads)
+
+
+def sm_loads(schedule: Schedule, num_sms: int) -> torch.Tensor:
+    """Total cost per SM (float64 [num_sms])."""
+    order = schedule.order.long()
+    counts = schedule.sm_start[1:].long() - schedule.sm_start[:-1].long()
+    sm = torch.repeat_interleave(torch.arange(num_sms, device=order.device), counts)
+    cost = torch.where(order >= 0, schedule.cost.double()[order.clamp(min=0)], 0.0)
+    return torch.zeros(num_sms, dtype=torch.float64, device=order.device).scatter_add_(0, sm, cost)
+
+
+class ScheduleCache:
+    """Schedules of recent offsets (fwd, bwd and every layer of a step share one batch's offsets).
+
+    A hit needs the very same offsets tensors (held by weak reference, so a freed tensor whose memory is
+    reused never matches) at the same version counter (bumped by in-place writes, e.g. a CUDA graph's static
+    offsets buffer refilled), with the same parameters. Bypassed while a CUDA graph is being captured.
+    """
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.entries: OrderedDict = OrderedDict()
+
+    def get(self, q_offsets, kv_offsets, *params) -> Schedule:
+        key = (id(q_offsets), id(kv_offsets), params)
+        versions = (q_offsets._version, kv_offsets._version)
+        if q_offsets.is_cuda and torch.cuda.is_current_stream_capturing():
+            return build(q_offsets, kv_offsets, *params)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0]() is q_offsets and hit[1]() is kv_offsets and hit[2] == versions:
+            self.entries.move_to_end(key)
+            return hit[3]
+        sched = build(q_offsets, kv_offsets, *params)
+        self.entries[key] = (weakref.ref(q_offsets), weakref.ref(kv_offsets), versions, sched)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return sched
