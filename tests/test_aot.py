@@ -45,3 +45,26 @@ def test_register_spills_within_budget(reports):
         budget = SPILL_BUDGET.get((r["kernel"], r["d"]), 0)
         assert r["spill"] <= budget, f"{r}: {r['spill']} bytes of spills > budget {budget}"
         assert r["regs"] <= 255
+
+
+@pytest.fixture(scope="module")
+def hopper_reports():
+    script = r"""
+import json, torch
+from jfa.hopper.aot import compile_fwd
+rows = []
+for d in (64, 128):
+    r = compile_fwd(d, torch.bfloat16)
+    rows.append(dict(d=d, wgmma=r.wgmma, tma=r.ptx.count("cp.async.bulk.tensor"), regs=r.registers,
+                     spill=r.spill_bytes))
+print(json.dumps(rows))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_hopper_forward_draft_compiles_to_tma_and_wgmma_without_spills(hopper_reports):
+    for r in hopper_reports:
+        assert r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0 and r["regs"] <= 255, r

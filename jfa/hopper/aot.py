@@ -1,0 +1,47 @@
+"""Compile the Gluon Hopper kernels for sm_90 on any machine (no GPU): PTX, wgmma/TMA counts, ptxas report.
+
+    TRITON_INTERPRET=0 python -m jfa.hopper.aot
+"""
+import re
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+
+from ..triton.aot import Report, _ptxas_report
+from . import fwd
+
+_TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, block_m=128, block_n=128) -> Report:
+    q = torch.empty(block_m, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
+    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(q, q, q, block_m, block_n)))
+    kernel = fwd.hopper_fwd_kernel
+    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BROADCAST=broadcast,
+                      num_warps=8)
+    types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
+    types.update({name: "*i32" for name in ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")})
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in descs:
+            sig[name] = mangle_type(descs[name])
+        else:
+            sig[name] = types.get(name, "i32")
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8)).asm["ptx"]
+    regs, spills = _ptxas_report(ptx)
+    return Report("hopper_fwd", head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+
+
+if __name__ == "__main__":
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128):
+            r = compile_fwd(d, dtype)
+            tma = r.ptx.count("cp.async.bulk.tensor")
+            print(f"hopper_fwd D={d} {r.dtype}: wgmma {r.wgmma}, TMA {tma}, regs {r.registers}, "
+                  f"spill {r.spill_bytes} B")
