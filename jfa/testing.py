@@ -21,6 +21,21 @@ from . import reference
 from .jagged import resolve_window
 
 
+# The GPU tests' named modes: awkward lengths (0, 1, block edges) up to a few thousand rows.
+GPU_LENS = [0, 1, 63, 64, 65, 127, 129, 511, 1000, 2047]
+GPU_MODES = {
+    "self": dict(q_lens=GPU_LENS),
+    "causal": dict(q_lens=GPU_LENS, causal=True),
+    "window": dict(q_lens=GPU_LENS, window=(256, 256)),
+    "causal-window": dict(q_lens=GPU_LENS, causal=True, window=(100, -1)),
+    "cross": dict(q_lens=GPU_LENS, kv_lens=GPU_LENS[::-1], causal=True),
+    "gqa": dict(q_lens=GPU_LENS, hq=8, hkv=2),
+    "broadcast": dict(q_lens=None, kv_lens=GPU_LENS, broadcast_lq=256),
+    "broadcast-causal-gqa": dict(q_lens=None, kv_lens=GPU_LENS, broadcast_lq=64, causal=True, hq=8, hkv=4),
+    "empty-kv": dict(q_lens=[5, 7], kv_lens=[0, 0]),
+}
+
+
 @dataclass
 class Case:
     """One jagged attention problem with its inputs and upstream gradients."""

@@ -4,21 +4,11 @@ import pytest
 import torch
 
 import jfa
-from jfa.testing import compare, make_case, run_backend
+from jfa.testing import GPU_MODES, compare, make_case, run_backend
 
 pytestmark = pytest.mark.gpu
 
-LENS = [0, 1, 63, 64, 65, 127, 129, 511, 1000, 2047]
-MODES = {
-    "self": dict(q_lens=LENS),
-    "causal": dict(q_lens=LENS, causal=True),
-    "window": dict(q_lens=LENS, window=(256, 256)),
-    "causal-window": dict(q_lens=LENS, causal=True, window=(100, -1)),
-    "cross": dict(q_lens=LENS, kv_lens=LENS[::-1], causal=True),
-    "gqa": dict(q_lens=LENS, hq=8, hkv=2),
-    "broadcast": dict(q_lens=None, kv_lens=LENS, broadcast_lq=256),
-    "broadcast-causal-gqa": dict(q_lens=None, kv_lens=LENS, broadcast_lq=64, causal=True, hq=8, hkv=4),
-}
+MODES = GPU_MODES
 
 
 def run(case):

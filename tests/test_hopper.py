@@ -3,20 +3,11 @@ hopper kernels become a backend only once these pass on the H200."""
 import pytest
 import torch
 
-from jfa.testing import compare, make_case
+from jfa.testing import GPU_MODES, compare, make_case
 
 pytestmark = pytest.mark.gpu
 
-LENS = [0, 1, 63, 64, 65, 127, 129, 511, 1000, 2047]
-MODES = {
-    "self": dict(q_lens=LENS),
-    "causal": dict(q_lens=LENS, causal=True),
-    "window": dict(q_lens=LENS, window=(256, 256)),
-    "cross-causal": dict(q_lens=LENS, kv_lens=LENS[::-1], causal=True),
-    "gqa": dict(q_lens=LENS, hq=8, hkv=2),
-    "broadcast": dict(q_lens=None, kv_lens=LENS, broadcast_lq=256),
-    "empty-kv": dict(q_lens=[5, 7], kv_lens=[0, 0]),
-}
+MODES = GPU_MODES
 
 
 @pytest.fixture(autouse=True)
