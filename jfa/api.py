@@ -49,14 +49,15 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     checks.check_max_len("max_q_len", max_q_len)
     checks.check_max_len("max_kv_len", max_kv_len)
     if checks.offsets_values_checked([q_offsets, kv_offsets], max_q_len is not None and max_kv_len is not None):
-        checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", max_q_len, "max_q_len")
-        if not self_attention:
-            checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", max_kv_len, "max_kv_len")
-        elif k.shape[0] != q.shape[0]:
-            raise ValueError(f"self-attention (kv_offsets=None) needs as many k rows as q rows: "
-                             f"{k.shape[0]} vs {q.shape[0]}")
-        elif max_kv_len is not None:
-            checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", max_kv_len, "max_kv_len")
+        if self_attention:  # one look at the shared offsets checks both hints
+            if k.shape[0] != q.shape[0]:
+                raise ValueError(f"self-attention (kv_offsets=None) needs as many k rows as q rows: "
+                                 f"{k.shape[0]} vs {q.shape[0]}")
+            checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q",
+                                        [("max_q_len", max_q_len), ("max_kv_len", max_kv_len)])
+        else:
+            checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
+            checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
     return _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast=False)
 
 
@@ -75,7 +76,7 @@ def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, w
     checks.check_offsets_meta("kv_offsets", kv_offsets, q.device)
     checks.check_max_len("max_kv_len", max_kv_len)
     if checks.offsets_values_checked([kv_offsets], max_kv_len is not None):
-        checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", max_kv_len, "max_kv_len")
+        checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
     batch, lq = kv_offsets.numel() - 1, q.shape[0]
     # Output row offsets: sequence b owns rows [b*Lq, (b+1)*Lq) of the output (built on the device, no sync).
     q_offsets = torch.arange(batch + 1, device=q.device, dtype=kv_offsets.dtype) * lq

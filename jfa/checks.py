@@ -96,8 +96,9 @@ def offsets_values_checked(offsets_list, hints_given: bool) -> bool:
     return not (on_gpu and hints_given)
 
 
-def check_offsets_values(name, offsets, rows, rows_name, max_len=None, max_len_name=None):
-    """Start 0, non-decreasing, end == rows, and max_len (if given) >= the longest sequence. One host sync."""
+def check_offsets_values(name, offsets, rows, rows_name, hints=()):
+    """Start 0, non-decreasing, end == rows, and each (hint_name, value) in hints (when the value is given)
+    >= the longest sequence. One host sync for GPU offsets, however many hints."""
     o = offsets.detach().to("cpu", torch.int64)
     if o[0].item() != 0:
         raise ValueError(f"{name} must start at 0, got {o[0].item()}")
@@ -109,5 +110,6 @@ def check_offsets_values(name, offsets, rows, rows_name, max_len=None, max_len_n
     if o[-1].item() != rows:
         raise ValueError(f"{name} must end at the number of rows of {rows_name} ({rows}), got {o[-1].item()}")
     longest = int(lens.max()) if lens.numel() else 0
-    if max_len is not None and max_len < longest:
-        raise ValueError(f"{max_len_name}={max_len} is smaller than the longest sequence in {name} ({longest})")
+    for hint_name, value in hints:
+        if value is not None and value < longest:
+            raise ValueError(f"{hint_name}={value} is smaller than the longest sequence in {name} ({longest})")

@@ -16,7 +16,6 @@ import triton
 from ..jagged import kernel_window, tile_table
 from ..schedule import ScheduleCache
 
-HEAD_DIMS = (32, 64, 96, 128, 256)  # tested; any head dim from 16 to 256 compiles
 
 
 def supports(head_dim: int, dtype: torch.dtype) -> bool:
