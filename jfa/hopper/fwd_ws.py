@@ -1,0 +1,272 @@
+"""Warp-specialized Hopper forward in Gluon: persistent over a jfa.schedule, TMA producer warp, two wgmma
+consumer warpgroups sharing each K/V block, software-pipelined so softmax overlaps the tensor cores.
+
+Glossary as jfa/triton/kernels/common.py. One CTA per SM loops over its schedule's items (sequence, query
+tile of BLOCK_M = 128 rows, head). Three partitions share shared memory and talk through mbarriers:
+
+  load      1 warp: per item, TMA-loads the two 64-row halves of the Q tile, then streams the tile's K/V
+            blocks into a STAGES-deep ring (a slot is refilled once both consumers released it).
+  softmax   2 x 4 warps (warpgroup w owns Q rows [m0 + 64 w, m0 + 64 w + 64)): per K/V block,
+  (x2)      S = Q K^T (wgmma), online softmax in base 2, O += P V (wgmma, P from registers). The loop is
+            pipelined as in FlashAttention-3: S of block j is issued before P V of block j-1, so the
+            exponentials of block j run while the tensor cores multiply.
+
+A block that runs past its sequence reads the next sequence's rows (the key mask hides them; stores skip
+query rows past the end). A warpgroup whose 64 rows lie past the sequence's end skips the math and only
+releases the slots.
+"""
+import math
+
+import torch
+import triton  # noqa: F401  (jfa.hopper.aot compiles these kernels through triton.compile)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LN2 = gl.constexpr(0.6931471805599453)
+WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma m64 instruction tall)
+
+
+@gluon.jit
+def _item(tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Schedule slot idx -> (valid, head, first query row m0, q_start, q_len, kv_start, kv_len, key blocks
+    [lo, hi)): the tile's key range, as common.key_blocks."""
+    item = gl.load(order + idx)
+    valid = item >= 0
+    item = gl.maximum(item, 0)
+    i_tile = item // heads
+    i_h = item % heads
+    seq = gl.load(tiles + i_tile)
+    m0 = gl.load(tiles + tile_capacity + i_tile) * BLOCK_M
+    q_start = gl.load(q_offsets + seq)
+    q_len = gl.load(q_offsets + seq + 1) - q_start
+    kv_start = gl.load(kv_offsets + seq)
+    kv_len = gl.load(kv_offsets + seq + 1) - kv_start
+    shift = kv_len - q_len
+    m_last = gl.minimum(m0 + BLOCK_M, q_len) - 1
+    lo = (gl.maximum(m0 + shift - LEFT, 0) // BLOCK_N) * BLOCK_N
+    hi = gl.minimum(m_last + shift + RIGHT + 1, kv_len)
+    return valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                    q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT, RIGHT,
+                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, BROADCAST: gl.constexpr):
+    i_sm = gl.program_id(0)
+    it = 0  # K/V blocks loaded so far: ring slot it % STAGES, phase (it // STAGES) & 1
+    t = 0  # items loaded so far: Q buffer phase t & 1
+    for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
+        valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
+            tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        if valid:
+            q_row0 = m0 if BROADCAST else q_start + m0
+            mbarrier.wait(q_empty, (t & 1) ^ 1)  # both warpgroups done with the previous item's Q
+            for w in gl.static_range(2):
+                mbarrier.expect(q_ready.index(w), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [q_row0 + w * WG_ROWS, i_h * HEAD_DIM], q_ready.index(w),
+                                                q_smem.index(w))
+            col = (i_h // GROUP) * HEAD_DIM
+            for n0 in range(lo, hi, BLOCK_N):
+                slot = it % STAGES
+                mbarrier.wait(kv_empty.index(slot), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [kv_start + n0, col], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [kv_start + n0, col], v_ready.index(slot), v_smem.index(slot))
+                it += 1
+            t += 1
+
+
+@gluon.jit
+def _masked_scores(s, n0, offs_m, shift, kv_len, LEFT, RIGHT, s_cols: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Scores of key block n0 with the keys a row may not see set to -inf (jfa.jagged's rule)."""
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=s_cols)
+    i_shift = gl.expand_dims(offs_m + shift, 1)
+    j = gl.expand_dims(offs_n, 0)
+    vis = (j < kv_len) & (j >= i_shift - LEFT) & (j <= i_shift + RIGHT)
+    return gl.where(vis, s, float("-inf"))
+
+
+@gluon.jit
+def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                       O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
+                       tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
+    s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
+    q_buf = q_smem.index(WG)
+
+    i_sm = gl.program_id(0)
+    it = 0
+    t = 0
+    for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
+        valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
+            tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        if valid:
+            row0 = m0 + WG * WG_ROWS
+            shift = kv_len - q_len
+            n_blocks = gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0)
+            # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
+            row_last = gl.minimum(row0 + WG_ROWS, q_len) - 1
+            full_lo = gl.maximum(gl.cdiv(row_last + shift - LEFT, BLOCK_N) * BLOCK_N, lo)
+            full_hi = (gl.minimum(row0 + shift + RIGHT + 1, kv_len) // BLOCK_N) * BLOCK_N
+            offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
+            m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)  # row max of raw scores
+            l_i = gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows)
+            acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=o_layout)
+            mbarrier.wait(q_ready.index(WG), t & 1)
+            if (row0 < q_len) & (n_blocks > 0):
+                # prologue: S of the first block and its softmax
+                slot = it % STAGES
+                mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+                s = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+                if (lo < full_lo) | (lo >= full_hi):
+                    s = _masked_scores(s, lo, offs_m, shift, kv_len, LEFT, RIGHT, s_cols, BLOCK_N)
+                m_i = gl.max(s, axis=1)
+                m_scaled = gl.where(m_i == float("-inf"), 0.0, m_i * qk_scale)
+                p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
+                l_i = gl.sum(p, axis=1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                for j in range(1, n_blocks):
+                    n0 = lo + j * BLOCK_N
+                    prev = (it + j - 1) % STAGES
+                    slot = (it + j) % STAGES
+                    mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
+                    s = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                    mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
+                    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
+                    if (n0 < full_lo) | (n0 >= full_hi):
+                        s = _masked_scores(s, n0, offs_m, shift, kv_len, LEFT, RIGHT, s_cols, BLOCK_N)
+                    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+                    m_scaled = gl.where(m_new == float("-inf"), 0.0, m_new * qk_scale)
+                    p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
+                    alpha = gl.exp2(m_i * qk_scale - m_scaled)
+                    l_i = l_i * alpha + gl.sum(p, axis=1)
+                    m_i = m_new
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
+                    mbarrier.arrive(kv_empty.index(prev), count=1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                mbarrier.arrive(q_empty, count=1)  # last S issued and done: the producer may load the next Q
+                last = (it + n_blocks - 1) % STAGES
+                mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+                acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
+                mbarrier.arrive(kv_empty.index(last), count=1)
+            else:  # rows past the sequence's end, or no keys: only hand the buffers back
+                mbarrier.arrive(q_empty, count=1)
+                for j in range(0, n_blocks):
+                    slot = (it + j) % STAGES
+                    mbarrier.wait(v_ready.index(slot), ((it + j) // STAGES) & 1)
+                    mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
+                    mbarrier.arrive(kv_empty.index(slot), count=1)
+            it += n_blocks
+            t += 1
+            if row0 < q_len:
+                seen = l_i > 0.0
+                lse = gl.where(seen, (m_i * qk_scale + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+                inv = gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0), o_rows)
+                out = (acc * gl.expand_dims(inv, 1)).to(dtype)
+                o_m = row0 + gl.arange(0, WG_ROWS, layout=o_rows)
+                o_d = gl.arange(0, HEAD_DIM, layout=o_cols)
+                p_o = (O + q_start.to(gl.int64) * stride_ot + i_h * stride_oh
+                       + gl.expand_dims(o_m, 1) * stride_ot + gl.expand_dims(o_d, 0))
+                gl.store(p_o, out, mask=gl.expand_dims(o_m < q_len, 1))
+                gl.store(LSE + i_h * stride_lh + q_start + offs_m, lse, mask=offs_m < q_len)
+
+
+@gluon.jit
+def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start,
+                         stride_ot, stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT,
+                         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, BROADCAST: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, WG_ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_empty, count=2)
+    for w in gl.static_range(2):
+        mbarrier.init(q_ready.index(w), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)
+
+    gl.warp_specialize([
+        (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, O, LSE,
+                              q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
+                              tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        (_softmax_partition, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, O, LSE,
+                              q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
+                              tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                           kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
+                           RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST)),
+    ], [4, 1], [232, 40])
+
+
+def descriptors(q, k, v, block_n: int):
+    """Gluon TMA descriptors over q/k/v viewed as 2-D [rows, H*D] (q in 64-row boxes, k/v in block_n)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+    d = q.shape[2]
+
+    def desc(x, block_rows):
+        x2 = x.reshape(x.shape[0], x.shape[1] * d)
+        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], dt)
+        return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_rows, d], layout)
+    return desc(q, WG_ROWS.value), desc(k, block_n), desc(v, block_n)
+
+
+def config(head_dim: int):
+    """(BLOCK_N, STAGES) per head dim: K/V ring + Q must fit the 227 KB of shared memory."""
+    return {64: (128, 3), 128: (128, 2)}[head_dim]
+
+
+def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedules=None, stages=None):
+    """-> (out, lse) as jfa.triton.launch.forward. Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
+    from ..jagged import kernel_window
+    from ..schedule import build
+    block_m = 2 * WG_ROWS.value
+    block_n, default_stages = config(q.shape[2])
+    stages = stages or default_stages
+    batch = kv_offsets.numel() - 1
+    rows = batch * q.shape[0] if broadcast else q.shape[0]
+    hq, d = q.shape[1], q.shape[2]
+    out = torch.empty(rows, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(hq, rows, dtype=torch.float32, device=q.device)
+    if rows == 0 or batch == 0 or q.shape[0] == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
+        return out.zero_(), lse.fill_(float("-inf"))
+    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    params = (rows, hq, block_m, block_n, left, right, num_sms)
+    sched = schedules.get(q_offsets, kv_offsets, *params) if schedules else build(q_offsets, kv_offsets, *params)
+    q_desc, k_desc, v_desc = descriptors(q, k, v, block_n)
+    lk, rk = kernel_window(left, right)
+    hopper_fwd_ws_kernel[(num_sms, )](
+        q_desc, k_desc, v_desc, out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
+        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), lk, rk,
+        GROUP=hq // k.shape[1], HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, BROADCAST=broadcast,
+        num_warps=4)
+    return out, lse
