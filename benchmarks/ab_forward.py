@@ -22,15 +22,13 @@ from jfa.triton import launch
 
 def variants():
     """name -> build(inputs) -> fn() computing the forward output: jfa's variants, then the bench's peers."""
-    from jfa.hopper import fwd as hopper
     from jfa.hopper import fwd_ws
     out = {
         "triton-grid": lambda i: (lambda: launch.forward(*_args(i), schedule="grid")[0]),
-        "triton-persistent": lambda i: (lambda: launch.forward(*_args(i), schedule="persistent")[0]),
-        "hopper-draft": lambda i: (lambda: hopper.forward(*_args(i))[0]),
-        "hopper-ws": lambda i: (lambda: fwd_ws.forward(*_args(i))[0]),
-        "hopper-ws-s3": lambda i: (lambda: fwd_ws.forward(*_args(i), stages=3)[0]),
     }
+    for name in fwd_ws.VARIANTS:
+        out[f"ws-{name}"] = (lambda v: lambda i: (
+            lambda: fwd_ws.forward(*_args(i), cfg=fwd_ws.config(i.q.shape[2], v))[0]))(name)
     for peer in (providers.TorchVarlen(), providers.FA4()):  # called exactly as `jfa bench` calls them
         out[peer.name] = (lambda p: lambda i: _peer_fn(p, i))(peer)
     return out

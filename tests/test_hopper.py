@@ -18,16 +18,16 @@ def _needs_hopper():
 
 def _kernels():
     from jfa.hopper import fwd, fwd_ws
-    return {"draft": fwd.forward, "ws": fwd_ws.forward,
-            "ws-3stages": lambda *a: fwd_ws.forward(*a, stages=3)}
+    out = {"draft": fwd.forward}
+    for name in fwd_ws.VARIANTS:
+        out[f"ws-{name}"] = (lambda v: lambda *a: fwd_ws.forward(*a, cfg=fwd_ws.config(a[0].shape[2], v)))(name)
+    return out
 
 
-@pytest.mark.parametrize("kernel", ["draft", "ws", "ws-3stages"])
+@pytest.mark.parametrize("kernel", ["draft", "ws-s2", "ws-s3", "ws-pingpong", "ws-m64"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_hopper_forward(mode, d, kernel):
-    if kernel == "ws-3stages" and d != 128:
-        pytest.skip("3 stages is the D=128 variant (D=64 has 3 by default)")
     kw = dict(MODES[mode])
     kw.setdefault("hq", 4)
     kw.setdefault("hkv", 4)

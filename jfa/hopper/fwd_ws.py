@@ -16,6 +16,7 @@ query rows past the end). A warpgroup whose 64 rows lie past the sequence's end 
 releases the slots.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import triton  # noqa: F401  (jfa.hopper.aot compiles these kernels through triton.compile)
@@ -54,7 +55,7 @@ def _item(tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, 
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                     q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT, RIGHT,
                     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, BROADCAST: gl.constexpr):
+                    STAGES: gl.constexpr, BROADCAST: gl.constexpr, CONSUMERS: gl.constexpr):
     i_sm = gl.program_id(0)
     it = 0  # K/V blocks loaded so far: ring slot it % STAGES, phase (it // STAGES) & 1
     t = 0  # items loaded so far: Q buffer phase t & 1
@@ -63,8 +64,8 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
             tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         if valid:
             q_row0 = m0 if BROADCAST else q_start + m0
-            mbarrier.wait(q_empty, (t & 1) ^ 1)  # both warpgroups done with the previous item's Q
-            for w in gl.static_range(2):
+            mbarrier.wait(q_empty, (t & 1) ^ 1)  # the consumers are done with the previous item's Q
+            for w in gl.static_range(CONSUMERS):
                 mbarrier.expect(q_ready.index(w), q_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(q_desc, [q_row0 + w * WG_ROWS, i_h * HEAD_DIM], q_ready.index(w),
                                                 q_smem.index(w))
@@ -91,10 +92,24 @@ def _masked_scores(s, n0, offs_m, shift, kv_len, LEFT, RIGHT, s_cols: gl.constex
 
 
 @gluon.jit
+def _take_turn(turn, WG: gl.constexpr, g, PINGPONG: gl.constexpr):
+    """Ping-pong (FlashAttention-3): the two consumer warpgroups issue their matmuls in strict alternation, so
+    one's softmax runs while the other's matmuls occupy the tensor cores. Wait for this warpgroup's turn."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (g & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
 def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                       O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
+                       turn, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
                        tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -111,6 +126,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
     i_sm = gl.program_id(0)
     it = 0
     t = 0
+    g = 0  # matmul turns taken (ping-pong)
     for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
         valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
             tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
@@ -131,7 +147,10 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
                 # prologue: S of the first block and its softmax
                 slot = it % STAGES
                 mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+                _take_turn(turn, WG, g, PINGPONG)
                 s = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                _pass_turn(turn, WG, PINGPONG)
+                g += 1
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
                 if (lo < full_lo) | (lo >= full_hi):
                     s = _masked_scores(s, lo, offs_m, shift, kv_len, LEFT, RIGHT, s_cols, BLOCK_N)
@@ -145,10 +164,13 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
                     prev = (it + j - 1) % STAGES
                     slot = (it + j) % STAGES
                     mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
+                    _take_turn(turn, WG, g, PINGPONG)
                     s = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)
-                    mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
                     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    _pass_turn(turn, WG, PINGPONG)
+                    g += 1
                     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
                     if (n0 < full_lo) | (n0 >= full_hi):
                         s = _masked_scores(s, n0, offs_m, shift, kv_len, LEFT, RIGHT, s_cols, BLOCK_N)
@@ -165,16 +187,26 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
                 mbarrier.arrive(q_empty, count=1)  # last S issued and done: the producer may load the next Q
                 last = (it + n_blocks - 1) % STAGES
                 mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+                _take_turn(turn, WG, g, PINGPONG)
                 acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                _pass_turn(turn, WG, PINGPONG)
+                g += 1
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
                 mbarrier.arrive(kv_empty.index(last), count=1)
-            else:  # rows past the sequence's end, or no keys: only hand the buffers back
+            else:  # rows past the sequence's end, or no keys: hand the buffers back, keep the turns in step
                 mbarrier.arrive(q_empty, count=1)
                 for j in range(0, n_blocks):
                     slot = (it + j) % STAGES
+                    _take_turn(turn, WG, g, PINGPONG)
+                    _pass_turn(turn, WG, PINGPONG)
+                    g += 1
                     mbarrier.wait(v_ready.index(slot), ((it + j) // STAGES) & 1)
                     mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
                     mbarrier.arrive(kv_empty.index(slot), count=1)
+                if n_blocks > 0:
+                    _take_turn(turn, WG, g, PINGPONG)
+                    _pass_turn(turn, WG, PINGPONG)
+                    g += 1
             it += n_blocks
             t += 1
             if row0 < q_len:
@@ -193,36 +225,56 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
 @gluon.jit
 def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start,
                          stride_ot, stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT,
-                         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, BROADCAST: gl.constexpr, num_warps: gl.constexpr):
+                         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, BROADCAST: gl.constexpr,
+                         num_warps: gl.constexpr):
+    """CONSUMERS = 2: 128-row tiles, both warpgroups share each K/V block (one CTA per SM). CONSUMERS = 1:
+    64-row tiles, one warpgroup (two CTAs per SM: for short query tiles, e.g. broadcast q of 64 rows)."""
+    BLOCK_M: gl.constexpr = CONSUMERS * WG_ROWS
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, WG_ROWS, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_empty, count=2)
-    for w in gl.static_range(2):
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_empty, count=CONSUMERS)
+    for w in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(w), count=1)
+    for w in gl.static_range(2):
+        mbarrier.init(turn.index(w), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)
+        mbarrier.init(kv_empty.index(i), count=CONSUMERS)
 
-    gl.warp_specialize([
-        (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, O, LSE,
-                              q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
-                              tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
-        (_softmax_partition, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, O, LSE,
-                              q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
-                              tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                           kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
-                           RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST)),
-    ], [4, 1], [232, 40])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
+                                  LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
+                                  stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                  STAGES, PINGPONG)),
+            (_softmax_partition, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
+                                  LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
+                                  stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                  STAGES, PINGPONG)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                               kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
+                               RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS)),
+        ], [4, 1], [232, 40])
+    else:
+        gl.warp_specialize([
+            (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
+                                  LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
+                                  stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                  STAGES, False)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                               kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
+                               RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS)),
+        ], [1], [24])
 
 
 def descriptors(q, k, v, block_n: int):
@@ -238,18 +290,39 @@ def descriptors(q, k, v, block_n: int):
     return desc(q, WG_ROWS.value), desc(k, block_n), desc(v, block_n)
 
 
-def config(head_dim: int):
-    """(BLOCK_N, STAGES) per head dim: K/V ring + Q must fit the 227 KB of shared memory."""
-    return {64: (128, 3), 128: (128, 2)}[head_dim]
+@dataclass(frozen=True)
+class Config:
+    consumers: int = 2  # warpgroups per CTA; 1 = 64-row tiles at two CTAs per SM
+    block_n: int = 128
+    stages: int = 2  # K/V ring depth; the ring + Q must fit the 227 KB of shared memory
+    pingpong: bool = False
+
+    def ctas_per_sm(self):
+        return 3 - self.consumers
+
+    def launch_options(self):
+        """Two CTAs per SM need each to launch with at most half the register file (256 threads x 128)."""
+        return {"maxnreg": 128} if self.ctas_per_sm() == 2 else {}
 
 
-def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedules=None, stages=None):
+VARIANTS = {  # name -> head dim -> Config; A/B'd by benchmarks/ab_forward.py
+    "s2": {64: Config(stages=2), 128: Config(stages=2)},
+    "s3": {64: Config(stages=3), 128: Config(stages=3)},
+    "pingpong": {64: Config(stages=3, pingpong=True), 128: Config(stages=3, pingpong=True)},
+    "m64": {64: Config(consumers=1, stages=3), 128: Config(consumers=1, block_n=64, stages=3)},
+}
+
+
+def config(head_dim: int, variant: str = "s3") -> Config:
+    return VARIANTS[variant][head_dim]
+
+
+def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedules=None, cfg=None):
     """-> (out, lse) as jfa.triton.launch.forward. Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
     from ..jagged import kernel_window
     from ..schedule import build
-    block_m = 2 * WG_ROWS.value
-    block_n, default_stages = config(q.shape[2])
-    stages = stages or default_stages
+    cfg = cfg or config(q.shape[2])
+    block_m = cfg.consumers * WG_ROWS.value
     batch = kv_offsets.numel() - 1
     rows = batch * q.shape[0] if broadcast else q.shape[0]
     hq, d = q.shape[1], q.shape[2]
@@ -259,14 +332,14 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
-    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    params = (rows, hq, block_m, block_n, left, right, num_sms)
+    ctas = torch.cuda.get_device_properties(q.device).multi_processor_count * cfg.ctas_per_sm()
+    params = (rows, hq, block_m, cfg.block_n, left, right, ctas)
     sched = schedules.get(q_offsets, kv_offsets, *params) if schedules else build(q_offsets, kv_offsets, *params)
-    q_desc, k_desc, v_desc = descriptors(q, k, v, block_n)
+    q_desc, k_desc, v_desc = descriptors(q, k, v, cfg.block_n)
     lk, rk = kernel_window(left, right)
-    hopper_fwd_ws_kernel[(num_sms, )](
+    hopper_fwd_ws_kernel[(ctas, )](
         q_desc, k_desc, v_desc, out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), lk, rk,
-        GROUP=hq // k.shape[1], HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, BROADCAST=broadcast,
-        num_warps=4)
+        GROUP=hq // k.shape[1], HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
+        PINGPONG=cfg.pingpong, BROADCAST=broadcast, num_warps=4, **cfg.launch_options())
     return out, lse
