@@ -2,9 +2,8 @@
 
     python benchmarks/ab_forward.py [--only NAME,...]
 
-Variants: the portable Triton forward on its grid ("triton-grid") and persistent over the load-balanced
-schedule ("triton-persistent"), and the DRAFT Gluon Hopper forward ("hopper-draft"); peers: FA2 (torch
-varlen_attn) and FA4 when importable. Each variant is first checked against the reference on the suite's
+Variants: the portable Triton forward on its grid ("triton-grid") and every configuration of the Hopper
+forward in jfa.hopper.fwd.VARIANTS ("hopper-<name>"); peers: FA2 (torch varlen_attn) and FA4 when importable. Each variant is first checked against the reference on the suite's
 first sequences (jfa.testing tolerance); a variant that fails is reported, not timed. Prints TF/s (exact
 visible pairs) and the ratio to the grid forward. The numbers go into docs/perf-notes.md.
 """
@@ -22,13 +21,13 @@ from jfa.triton import launch
 
 def variants():
     """name -> build(inputs) -> fn() computing the forward output: jfa's variants, then the bench's peers."""
-    from jfa.hopper import fwd_ws
+    from jfa.hopper import fwd as hopper
     out = {
         "triton-grid": lambda i: (lambda: launch.forward(*_args(i), schedule="grid")[0]),
     }
-    for name in fwd_ws.VARIANTS:
-        out[f"ws-{name}"] = (lambda v: lambda i: (
-            lambda: fwd_ws.forward(*_args(i), cfg=fwd_ws.config(i.q.shape[2], v))[0]))(name)
+    for name in hopper.VARIANTS:
+        out[f"hopper-{name}"] = (lambda v: lambda i: (
+            lambda: hopper.forward(*_args(i), cfg=hopper.config(i.q.shape[2], v))[0]))(name)
     for peer in (providers.TorchVarlen(), providers.FA4()):  # called exactly as `jfa bench` calls them
         out[peer.name] = (lambda p: lambda i: _peer_fn(p, i))(peer)
     return out

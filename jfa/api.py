@@ -29,7 +29,7 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             syncs (the offsets are then trusted). Checked against the offsets otherwise.
         causal, window: the mask (see module doc). scale: defaults to ``1/sqrt(D)``.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]``.
-        backend: "auto", "reference" or "triton".
+        backend: "auto", "reference", "triton" or "hopper".
     Returns:
         out ``[Tq, Hq, D]`` in q's dtype, or ``(out, lse)``.
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.

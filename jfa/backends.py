@@ -2,6 +2,8 @@
 
   reference  pure PyTorch, any device, any head dim (jfa.reference; its backward is autograd over it)
   triton     portable Triton kernels (jfa.triton): CUDA, or CPU tensors through Triton's interpreter
+  hopper     sm_90 fast path (jfa.hopper): warp-specialized Gluon forward, D 64/128, bf16/fp16; "auto"'s
+             pick where it applies
 A backend is a pair forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast) -> (out, lse)
 and backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast) -> grads.
 """
@@ -12,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from . import hopper as hopper_backend
 from . import reference
 from . import triton as triton_backend
 
@@ -43,6 +46,7 @@ def _triton_supports(device, head_dim, dtype):
 BACKENDS = {
     "reference": Backend("reference", _reference_forward, _reference_backward, lambda device, d, dt: True),
     "triton": Backend("triton", triton_backend.forward, triton_backend.backward, _triton_supports),
+    "hopper": Backend("hopper", hopper_backend.forward, hopper_backend.backward, hopper_backend.supports),
 }
 
 
@@ -57,8 +61,9 @@ def select(backend: str, device: torch.device, head_dim: int, dtype: torch.dtype
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend == "auto":
-        if device.type == "cuda" and BACKENDS["triton"].supports(device, head_dim, dtype):
-            return "triton"
+        for name in ("hopper", "triton"):
+            if device.type == "cuda" and BACKENDS[name].supports(device, head_dim, dtype):
+                return name
         return "reference"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected 'auto' or one of {sorted(BACKENDS)}")

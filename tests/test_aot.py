@@ -56,7 +56,7 @@ rows = []
 for d in (64, 128):
     r = compile_fwd(d, torch.bfloat16)
     rows.append(dict(d=d, wgmma=r.wgmma, tma=r.ptx.count("cp.async.bulk.tensor"), regs=r.registers,
-                     spill=r.spill_bytes))
+                     spill=r.spill_bytes, setmaxnreg=r.ptx.count("setmaxnreg")))
 print(json.dumps(rows))
 """
     env = dict(os.environ, TRITON_INTERPRET="0")
@@ -65,6 +65,7 @@ print(json.dumps(rows))
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_hopper_forward_draft_compiles_to_tma_and_wgmma_without_spills(hopper_reports):
+def test_hopper_forward_is_warp_specialized_tma_and_wgmma_without_spills(hopper_reports):
     for r in hopper_reports:
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0 and r["regs"] <= 255, r
+        assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"

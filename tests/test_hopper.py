@@ -1,9 +1,10 @@
-"""The DRAFT Gluon Hopper forward (jfa.hopper.fwd) against the reference on the GPU. Not yet run: the
-hopper kernels become a backend only once these pass on the H200."""
+"""GPU tests of the Hopper backend (sm_90 only): every mode forward and backward through the public API, every
+kernel variant of the forward against the reference, the fallbacks, and inputs TMA cannot take as they are."""
 import pytest
 import torch
 
-from jfa.testing import GPU_MODES, compare, make_case
+import jfa
+from jfa.testing import GPU_MODES, compare, make_case, run_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -16,23 +17,64 @@ def _needs_hopper():
         pytest.skip("needs an sm_90 GPU")
 
 
-def _kernels():
-    from jfa.hopper import fwd, fwd_ws
-    out = {"draft": fwd.forward}
-    for name in fwd_ws.VARIANTS:
-        out[f"ws-{name}"] = (lambda v: lambda *a: fwd_ws.forward(*a, cfg=fwd_ws.config(a[0].shape[2], v)))(name)
-    return out
-
-
-@pytest.mark.parametrize("kernel", ["draft", "ws-s2", "ws-s3", "ws-pingpong", "ws-m64"])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("mode", list(MODES))
-def test_hopper_forward(mode, d, kernel):
+def _case(mode, d, dtype=torch.bfloat16):
     kw = dict(MODES[mode])
     kw.setdefault("hq", 4)
     kw.setdefault("hkv", 4)
-    case = make_case(**kw, d=d, dtype=torch.bfloat16, device="cuda", seed=d)
-    out, lse = _kernels()[kernel](case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
-                           case.right, case.broadcast)
+    return make_case(**kw, d=d, dtype=dtype, device="cuda", seed=d)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_backend(mode, dtype, d):
+    case = _case(mode, d, dtype)
+    out, lse, grads = run_backend(case, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("variant", ["s2", "s3", "pingpong", "m64"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_forward_variants(mode, d, variant):
+    from jfa.hopper import fwd
+    case = _case(mode, d)
+    out, lse = fwd.forward(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
+                           case.right, case.broadcast, cfg=fwd.config(d, variant))
     failures = compare(case, out, lse)
+    assert not failures, "\n".join(failures)
+
+
+def test_auto_picks_hopper_where_it_applies_and_falls_back_elsewhere():
+    cuda = torch.device("cuda")
+    assert jfa.backends.select("auto", cuda, 128, torch.bfloat16) == "hopper"
+    assert jfa.backends.select("auto", cuda, 64, torch.float16) == "hopper"
+    assert jfa.backends.select("auto", cuda, 96, torch.bfloat16) == "triton"
+    assert jfa.backends.select("auto", cuda, 128, torch.float32) == "triton"
+    with pytest.raises(ValueError, match="hopper"):
+        jfa.backends.select("hopper", cuda, 96, torch.bfloat16)
+
+
+def test_hopper_unaligned_and_strided_inputs():
+    """q/k/v that are views (a fused qkv projection, an odd element offset) give the same result."""
+    case = make_case([1, 63, 65, 129, 300], hq=4, hkv=4, d=128, dtype=torch.bfloat16, device="cuda", causal=True)
+    t = case.q.shape[0]
+    fused = torch.empty(t, 3, 4, 128, dtype=case.q.dtype, device="cuda")
+    fused[:, 0], fused[:, 1], fused[:, 2] = case.q, case.k, case.v
+    flat = torch.empty(case.q.numel() + 1, dtype=case.q.dtype, device="cuda")
+    odd = flat[1:].view_as(case.q)
+    odd.copy_(case.q)
+    for q, k, v in ((fused[:, 0], fused[:, 1], fused[:, 2]), (odd, case.k, case.v)):
+        out = jfa.jagged_attention(q, k, v, case.q_offsets, window=(-1, 0), scale=case.scale, backend="hopper")
+        ref = jfa.jagged_attention(case.q, case.k, case.v, case.q_offsets, window=(-1, 0), scale=case.scale,
+                                   backend="triton")
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=0)
+
+
+def test_hopper_int64_offsets():
+    case = make_case([0, 1, 63, 65, 129, 300], [5, 0, 64, 130, 129, 1], hq=4, hkv=2, d=64, dtype=torch.float16,
+                     device="cuda", causal=True, offsets_dtype=torch.int64)
+    out, lse, grads = run_backend(case, "hopper")
+    failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)

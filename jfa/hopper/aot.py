@@ -16,12 +16,13 @@ from . import fwd
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, block_m=128, block_n=128) -> Report:
-    q = torch.empty(block_m, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
-    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(q, q, q, block_m, block_n)))
-    kernel = fwd.hopper_fwd_kernel
-    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BROADCAST=broadcast,
-                      num_warps=8)
+def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None) -> Report:
+    cfg = fwd.config(head_dim, variant)
+    q = torch.empty(128, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
+    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(q, q, q, cfg.block_n)))
+    kernel = fwd.hopper_fwd_ws_kernel
+    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
+                      PINGPONG=cfg.pingpong, BROADCAST=broadcast, num_warps=4)
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
     types.update({name: "*i32" for name in ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")})
     sig = {}
@@ -33,7 +34,8 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, block_m=128,
         else:
             sig[name] = types.get(name, "i32")
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8)).asm["ptx"]
+    options = dict(num_warps=4, **cfg.launch_options())
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     regs, spills = _ptxas_report(ptx)
     return Report("hopper_fwd", head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
 
@@ -43,5 +45,6 @@ if __name__ == "__main__":
         for d in (64, 128):
             r = compile_fwd(d, dtype)
             tma = r.ptx.count("cp.async.bulk.tensor")
-            print(f"hopper_fwd D={d} {r.dtype}: wgmma {r.wgmma}, TMA {tma}, regs {r.registers}, "
-                  f"spill {r.spill_bytes} B")
+            nreg = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", r.ptx)), key=int)
+            print(f"hopper_fwd D={d} {r.dtype} ({fwd.config(d)}): wgmma {r.wgmma}, TMA {tma}, setmaxnreg {nreg}, "
+                  f"launch regs {r.registers}, spill {r.spill_bytes} B")

@@ -9,9 +9,9 @@ PY=.venv/bin/python
 K=${1:-}
 # smoke first: a deadlocked pipeline shows as a timeout here, not as a stuck test run
 timeout 60 $PY -c "
-import torch; from jfa.hopper import fwd_ws; from jfa.testing import make_case, compare
+import torch; from jfa.hopper import fwd; from jfa.testing import make_case, compare
 c = make_case(q_lens=[1, 63, 65, 129, 300], d=128, dtype=torch.bfloat16, device='cuda', hq=2, hkv=2)
-o, l = fwd_ws.forward(c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.scale, c.left, c.right, c.broadcast)
+o, l = fwd.forward(c.q, c.k, c.v, c.q_offsets, c.kv_offsets, c.scale, c.left, c.right, c.broadcast)
 torch.cuda.synchronize(); print('smoke', compare(c, o, l) or 'ok')" 2>&1 | tail -5
 [ ${PIPESTATUS[0]} = 124 ] && { echo "smoke timed out (deadlock?)"; exit 1; }
 timeout 240 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_hopper.py ${K:+-k "$K"} 2>&1 \
