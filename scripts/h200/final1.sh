@@ -8,5 +8,5 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
 PY=.venv/bin/python
 $PY -m jfa info 2>&1 | tee $OUT/info.txt
-timeout 280 $PY -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee $OUT/test-gpu.log | grep -v "^  \|^$" | tail -25
+timeout 280 $PY -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/ 2>&1 | tee $OUT/test-gpu.log | grep -v "^  \|^$" | tail -25
 timeout 200 $PY benchmarks/ab_forward.py 2>&1 | grep -v "fa4: RuntimeError: skipped" | tee $OUT/ab_forward.txt | tail -12
