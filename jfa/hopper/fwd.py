@@ -13,7 +13,7 @@ head); its partitions share shared memory and talk through mbarriers:
 CONSUMERS = 2 (128-row tiles, one CTA per SM) lets two warpgroups share every K/V block; CONSUMERS = 1 (64-row
 tiles, two CTAs per SM) suits short query tiles. A block that runs past its sequence reads the next
 sequence's rows (the key mask hides them; stores skip query rows past the end); a consumer whose rows all lie
-past the end skips the math and only releases the buffers. Each item's bookkeeping is loaded one item ahead.
+past the end skips the math and only releases the buffers.
 """
 from __future__ import annotations
 
@@ -61,15 +61,9 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
     i_sm = gl.program_id(0)
     it = 0  # K/V blocks loaded so far: ring slot it % STAGES, phase (it // STAGES) & 1
     t = 0  # items loaded so far: Q buffer phase t & 1
-    first = gl.load(sm_start + i_sm)
-    end = gl.load(sm_start + i_sm + 1)
-    # the next item's bookkeeping (three dependent global loads) is fetched one item ahead, off the critical path
-    nxt = _item(tiles, order, q_offsets, kv_offsets, gl.maximum(gl.minimum(first, end - 1), 0), heads,
-                tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    for idx in range(first, end):
-        valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = nxt
-        nxt = _item(tiles, order, q_offsets, kv_offsets, gl.minimum(idx + 1, end - 1), heads, tile_capacity, LEFT,
-                    RIGHT, BLOCK_M, BLOCK_N)
+    for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
+        valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
+            tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         if valid:
             q_row0 = m0 if BROADCAST else q_start + m0
             mbarrier.wait(q_empty, (t & 1) ^ 1)  # the consumers are done with the previous item's Q
@@ -135,15 +129,9 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
     it = 0
     t = 0
     g = 0  # matmul turns taken (ping-pong)
-    first = gl.load(sm_start + i_sm)
-    end = gl.load(sm_start + i_sm + 1)
-    # the next item's bookkeeping (three dependent global loads) is fetched one item ahead, off the critical path
-    nxt = _item(tiles, order, q_offsets, kv_offsets, gl.maximum(gl.minimum(first, end - 1), 0), heads,
-                tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    for idx in range(first, end):
-        valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = nxt
-        nxt = _item(tiles, order, q_offsets, kv_offsets, gl.minimum(idx + 1, end - 1), heads, tile_capacity, LEFT,
-                    RIGHT, BLOCK_M, BLOCK_N)
+    for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
+        valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
+            tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         if valid:
             row0 = m0 + WG * WG_ROWS
             shift = kv_len - q_len
