@@ -78,3 +78,17 @@ def test_hopper_int64_offsets():
     out, lse, grads = run_backend(case, "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_backward_draft(mode, d):
+    """The DRAFT Gluon dK/dV pass (jfa.hopper.bwd) inside the portable backward, against the reference."""
+    from jfa.hopper import bwd, fwd
+    case = _case(mode, d)
+    out, lse = fwd.forward(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
+                           case.right, case.broadcast)
+    grads = bwd.backward(case.dout, None, case.q, case.k, case.v, out, lse, case.q_offsets, case.kv_offsets,
+                         case.scale, case.left, case.right, case.broadcast)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)

@@ -1,6 +1,12 @@
 """The Hopper (sm_90) backend: the warp-specialized Gluon forward (jfa.hopper.fwd) and, for now, the portable
-Triton backward (a Hopper backward is the next step). Head dims 64 and 128 in bf16/fp16; others fall back."""
+Triton backward. Head dims 64 and 128 in bf16/fp16; others fall back (backends.select says so).
+
+The Gluon dK/dV pass (jfa.hopper.bwd) is a DRAFT not yet run on a GPU: ``JFA_HOPPER_BWD=gluon`` plugs it into
+the backward for its first H200 tests and measurements (``scripts/h200/next_session.sh``).
+"""
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -22,6 +28,16 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
     return fwd.forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedules=_SCHEDULES)
 
 
-backward = triton_backend.backward
+BWD = os.environ.get("JFA_HOPPER_BWD", "triton")
+
+
+def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
+    if BWD == "gluon":
+        from . import bwd
+        return bwd.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast)
+    if BWD != "triton":
+        raise ValueError(f"JFA_HOPPER_BWD={BWD!r}: 'triton' or 'gluon'")
+    return triton_backend.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right,
+                                   broadcast)
 
 __all__ = ["supports", "forward", "backward", "HEAD_DIMS"]

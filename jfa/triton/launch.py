@@ -143,8 +143,9 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
     return out, lse
 
 
-def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
-    """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None."""
+def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast, dkdv=None):
+    """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None. dkdv: another implementation of
+    the dK/dV pass with bwd_dkdv's signature (the Hopper backward plugs its kernel in here)."""
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     hq, head_dim = q.shape[1], q.shape[2]
@@ -154,43 +155,56 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     dq = torch.empty(rows, hq, head_dim, device=q.device, dtype=torch.float32 if broadcast else q.dtype)
     if batch == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
-    device, common = q.device, _common(q, k, head_dim)
-    cfgs = configs(device, head_dim, q.dtype)
-    kernels = kernels_for(device)
-    lk, rk = kernel_window(left, right)
-    qk_scale = scale * math.log2(math.e)
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()  # read with lse's strides
-
-    delta = torch.empty_like(lse)
-    if rows > 0:
-        block_t = 64 if device.type == "cuda" else 16
-        kernels.attention_bwd_preprocess_kernel[(triton.cdiv(rows, block_t), hq)](
-            out, dout, dlse if dlse is not None else lse, delta, rows,
-            out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), lse.stride(0),
-            D=head_dim, BLOCK_D=common["BLOCK_D"], BLOCK_T=block_t, HAS_DLSE=dlse is not None)
-
+    delta = bwd_delta(out, dout, dlse, lse)
+    args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
     if k.shape[0] > 0:
-        cfg = cfgs.dkdv
-        tiles = tile_table(kv_offsets, cfg.block_n, k.shape[0])
-        kernels.attention_bwd_dkdv_kernel[(tiles.shape[1], k.shape[1])](
-            q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, tiles,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-            tiles.shape[1], scale, qk_scale, lk, rk,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
-
+        (dkdv or bwd_dkdv)(*args, dk, dv)
     if rows > 0:
-        cfg = cfgs.dq
-        tiles = tile_table(q_offsets, cfg.block_m, rows)
-        kernels.attention_bwd_dq_kernel[(tiles.shape[1], hq)](
-            q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, tiles,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), lse.stride(0),
-            tiles.shape[1], scale, qk_scale, lk, rk,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+        bwd_dq(*args, dq)
     if broadcast:
         dq = dq.view(batch, q.shape[0], hq, head_dim).sum(0).to(q.dtype)
     return dq, dk, dv
+
+
+def bwd_delta(out, dout, dlse, lse):
+    """Delta = rowsum(dO * O) - dLSE, float32 [Hq, rows]."""
+    rows, hq, head_dim = out.shape
+    delta = torch.empty_like(lse)
+    if rows > 0:
+        block_t = 64 if out.device.type == "cuda" else 16
+        kernels_for(out.device).attention_bwd_preprocess_kernel[(triton.cdiv(rows, block_t), hq)](
+            out, dout, dlse if dlse is not None else lse, delta, rows,
+            out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), lse.stride(0),
+            D=head_dim, BLOCK_D=_common(out, out, head_dim)["BLOCK_D"], BLOCK_T=block_t,
+            HAS_DLSE=dlse is not None)
+    return delta
+
+
+def bwd_dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv):
+    """The dK/dV pass into dk, dv (one program per key tile and kv head; GQA reduced in registers)."""
+    cfg = configs(q.device, q.shape[2], q.dtype).dkdv
+    lk, rk = kernel_window(left, right)
+    tiles = tile_table(kv_offsets, cfg.block_n, k.shape[0])
+    kernels_for(q.device).attention_bwd_dkdv_kernel[(tiles.shape[1], k.shape[1])](
+        q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
+        tiles.shape[1], scale, scale * math.log2(math.e), lk, rk,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_common(q, k, q.shape[2]))
+
+
+def bwd_dq(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dq):
+    """The dQ pass into dq (per-sequence float32 partials in broadcast mode)."""
+    cfg = configs(q.device, q.shape[2], q.dtype).dq
+    lk, rk = kernel_window(left, right)
+    tiles = tile_table(q_offsets, cfg.block_m, dq.shape[0])
+    kernels_for(q.device).attention_bwd_dq_kernel[(tiles.shape[1], q.shape[1])](
+        q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, tiles,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), lse.stride(0),
+        tiles.shape[1], scale, scale * math.log2(math.e), lk, rk,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_common(q, k, q.shape[2]))

@@ -1,0 +1,244 @@
+"""DRAFT Hopper backward: a persistent, warp-specialized Gluon dK/dV pass. Compiled for sm_90 on the CPU
+(tests/test_aot.py); NOT YET RUN ON A GPU, so it is not the hopper backend's backward yet (that stays the
+portable Triton one until tests/test_hopper.py::test_hopper_backward_draft passes on the H200).
+
+Glossary as jfa/triton/kernels/common.py and the backward's math as jfa/triton/kernels/bwd.py (computed
+transposed: S^T = K Q^T, so no tile is transposed in registers). Delta and dQ come from the portable
+kernels (jfa.triton.launch.bwd_delta, bwd_dq); only the dK/dV pass is replaced.
+
+Each CTA loops over its schedule's items (sequence, key tile of BLOCK_N = 128 keys, kv head), costed by the
+query blocks that see the tile (jfa.schedule with the roles of q and kv swapped). Partitions:
+
+  load      1 warp: per item, TMA-loads the K and V rows of both consumers, then streams (Q, dO) blocks of
+            BLOCK_M query rows, for every query head of the GQA group, through a STAGES-deep ring.
+  dkdv      2 x 4 warps (consumer w owns keys [n0 + 64 w, n0 + 64 w + 64)): per (Q, dO) block, on wgmma:
+  (x2)      S^T = K Q^T and dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - Delta);
+            dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers. dK and dV stay in registers over
+            the whole item (GQA group included: deterministic, no atomics) and are stored once.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+KEYS_PER_WG = gl.constexpr(64)  # keys per consumer warpgroup (one wgmma m64 instruction tall)
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _kv_item(tiles, order, q_offsets, kv_offsets, idx, heads_kv, tile_capacity, LEFT, RIGHT,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Schedule slot idx -> (valid, kv head, first key n0, q_start, q_len, kv_start, kv_len, query rows
+    [lo, hi) that see keys [n0, n0 + BLOCK_N)): the transpose of common.key_blocks (common.query_blocks)."""
+    item = gl.load(order + idx)
+    valid = item >= 0
+    item = gl.maximum(item, 0)
+    i_tile = item // heads_kv
+    i_hk = item % heads_kv
+    seq = gl.maximum(gl.load(tiles + i_tile), 0)
+    n0 = gl.load(tiles + tile_capacity + i_tile) * BLOCK_N
+    q_start = gl.load(q_offsets + seq).to(gl.int32)
+    q_len = gl.load(q_offsets + seq + 1).to(gl.int32) - q_start
+    kv_start = gl.load(kv_offsets + seq).to(gl.int32)
+    kv_len = gl.load(kv_offsets + seq + 1).to(gl.int32) - kv_start
+    shift = kv_len - q_len
+    n_last = gl.minimum(n0 + BLOCK_N, kv_len) - 1
+    lo = (gl.maximum(n0 - shift - RIGHT, 0) // BLOCK_M) * BLOCK_M
+    hi = gl.minimum(n_last - shift + LEFT + 1, q_len)
+    return valid, i_hk, n0, q_start, q_len, kv_start, kv_len, lo, hi
+
+
+@gluon.jit
+def _load_partition(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty,
+                    qdo_ready, qdo_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads_kv,
+                    LEFT, RIGHT, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr):
+    i_sm = gl.program_id(0)
+    it = 0  # (Q, dO) blocks loaded so far: ring slot it % STAGES, phase (it // STAGES) & 1
+    t = 0  # items loaded so far: K/V buffer phase t & 1
+    for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
+        valid, i_hk, n0, q_start, q_len, kv_start, kv_len, lo, hi = _kv_item(
+            tiles, order, q_offsets, kv_offsets, idx, heads_kv, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        if valid:
+            mbarrier.wait(kv_empty, (t & 1) ^ 1)  # both consumers have stored the previous item's dK, dV
+            for w in gl.static_range(2):
+                bar = kv_ready.index(w)
+                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                row = kv_start + n0 + w * KEYS_PER_WG
+                tma.async_copy_global_to_shared(k_desc, [row, i_hk * HEAD_DIM], bar, k_smem.index(w))
+                tma.async_copy_global_to_shared(v_desc, [row, i_hk * HEAD_DIM], bar, v_smem.index(w))
+            for g in range(GROUP):
+                col = (i_hk * GROUP + g) * HEAD_DIM
+                for m0 in range(lo, hi, BLOCK_M):
+                    slot = it % STAGES
+                    mbarrier.wait(qdo_empty.index(slot), ((it // STAGES) & 1) ^ 1)
+                    bar = qdo_ready.index(slot)
+                    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                    q_row = m0 if BROADCAST else q_start + m0
+                    tma.async_copy_global_to_shared(q_desc, [q_row, col], bar, q_smem.index(slot))
+                    tma.async_copy_global_to_shared(do_desc, [q_start + m0, col], bar, do_smem.index(slot))
+                    it += 1
+            t += 1
+
+
+@gluon.jit
+def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+                    DK, DV, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt, stride_dkh,
+                    stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT,
+                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
+    q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
+    acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    acc_cols: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    st_zero = gl.full([KEYS_PER_WG, BLOCK_M], 0.0, gl.float32, layout=st_layout)
+    k_buf = k_smem.index(WG)
+    v_buf = v_smem.index(WG)
+
+    i_sm = gl.program_id(0)
+    it = 0
+    t = 0
+    for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
+        valid, i_hk, n0, q_start, q_len, kv_start, kv_len, lo, hi = _kv_item(
+            tiles, order, q_offsets, kv_offsets, idx, heads_kv, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        if valid:
+            k0 = n0 + WG * KEYS_PER_WG  # this warpgroup's first key
+            shift = kv_len - q_len
+            offs_n = k0 + gl.arange(0, KEYS_PER_WG, layout=key_rows)
+            dk = gl.full([KEYS_PER_WG, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
+            dv = gl.full([KEYS_PER_WG, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
+            n_blocks = gl.maximum(gl.cdiv(hi - lo, BLOCK_M), 0)
+            mbarrier.wait(kv_ready.index(WG), t & 1)
+            for g in range(GROUP):
+                i_h = i_hk * GROUP + g
+                for j in range(0, n_blocks):
+                    m0 = lo + j * BLOCK_M
+                    slot = it % STAGES
+                    mbarrier.wait(qdo_ready.index(slot), (it // STAGES) & 1)
+                    q_buf = q_smem.index(slot)
+                    do_buf = do_smem.index(slot)
+                    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+                    dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+                    offs_m = m0 + gl.arange(0, BLOCK_M, layout=q_cols)
+                    in_q = offs_m < q_len
+                    lse2 = gl.load(LSE + i_h * stride_lh + q_start + offs_m, mask=in_q, other=0.0) * LOG2E
+                    delta = gl.load(DELTA + i_h * stride_lh + q_start + offs_m, mask=in_q, other=0.0)
+                    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+                    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+                    # a block needs the mask unless all its queries exist and see all this warpgroup's keys
+                    full = ((m0 + BLOCK_M <= q_len) & (k0 >= m0 + BLOCK_M - 1 + shift - LEFT)
+                            & (k0 + KEYS_PER_WG - 1 <= m0 + shift + RIGHT))
+                    if not full:
+                        i_shift = gl.expand_dims(offs_m + shift, 0)
+                        key = gl.expand_dims(offs_n, 1)
+                        vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
+                        pt = gl.where(vis, pt, 0.0)
+                    dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+                    dst = pt * (dpt - gl.expand_dims(delta, 0))
+                    pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+                    dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+                    dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+                    dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+                    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, dst_op))
+                    dv = done[0]
+                    dk = done[1]
+                    mbarrier.arrive(qdo_empty.index(slot), count=1)
+                    it += 1
+            mbarrier.arrive(kv_empty, count=1)  # K/V read for the last time: the producer may load the next
+            t += 1
+            rows = k0 + gl.arange(0, KEYS_PER_WG, layout=acc_rows)
+            cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=acc_cols), 0)
+            keep = gl.expand_dims(rows < kv_len, 1)
+            row_off = gl.expand_dims((kv_start + rows).to(gl.int64), 1)
+            gl.store(DK + row_off * stride_dkt + i_hk * stride_dkh + cols, (dk * scale).to(dtype), mask=keep)
+            gl.store(DV + row_off * stride_dvt + i_hk * stride_dvh + cols, dv.to(dtype), mask=keep)
+
+
+@gluon.jit
+def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, LSE, DELTA, q_offsets, kv_offsets, tiles, order,
+                       sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv,
+                       scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr,
+                       num_warps: gl.constexpr):
+    BLOCK_N: gl.constexpr = 2 * KEYS_PER_WG
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS_PER_WG, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, KEYS_PER_WG, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_empty, count=2)
+    for w in gl.static_range(2):
+        mbarrier.init(kv_ready.index(w), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(i), count=1)
+        mbarrier.init(qdo_empty.index(i), count=2)
+    gl.warp_specialize([
+        (_dkdv_partition, (0, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, DK, DV,
+                           LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt, stride_dkh,
+                           stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT,
+                           GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        (_dkdv_partition, (1, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, DK, DV,
+                           LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt, stride_dkh,
+                           stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT,
+                           GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+        (_load_partition, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty,
+                           qdo_ready, qdo_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity,
+                           heads_kv, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST)),
+    ], [4, 1], [240, 24])
+
+
+def descriptors(q, dout, k, v, block_m: int):
+    """TMA descriptors over q, dO (block_m-row boxes) and k, v (64-row boxes), each viewed as [rows, H*D]."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+    d = q.shape[2]
+
+    def desc(x, block_rows):
+        x2 = x.reshape(x.shape[0], x.shape[1] * d)
+        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], dt)
+        return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_rows, d], layout)
+    return desc(q, block_m), desc(dout, block_m), desc(k, KEYS_PER_WG.value), desc(v, KEYS_PER_WG.value)
+
+
+BLOCK_M = {64: 64, 128: 32}  # query rows per block: at D=128, 64 rows spill (ptxas: 836 B at 240 registers)
+STAGES = 3
+
+
+def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv):
+    """The dK/dV pass into dk, dv, as jfa.triton.launch.bwd_dkdv (k has rows; D 64/128; bf16/fp16)."""
+    from ..jagged import kernel_window
+    from ..schedule import build
+    block_n = 2 * KEYS_PER_WG.value
+    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    # items are key tiles: the schedule with the roles of q and kv swapped (and the window mirrored)
+    block_m = BLOCK_M[q.shape[2]]
+    sched = build(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, block_m, right, left, num_sms)
+    q, dout, k, v = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (q, dout, k, v))
+    descs = descriptors(q, dout, k, v, block_m)
+    lk, rk = kernel_window(left, right)
+    hopper_dkdv_kernel[(num_sms, )](
+        *descs, dk, dv, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1],
+        scale, scale * math.log2(math.e), lk, rk, GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2],
+        BLOCK_M=block_m, STAGES=STAGES, BROADCAST=broadcast, num_warps=4)
+
+
+def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
+    """-> (dq, dk, dv): the portable backward with this dK/dV pass plugged in."""
+    from ..triton import launch
+    return launch.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
+                           dkdv=dkdv)
