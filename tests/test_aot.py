@@ -51,10 +51,10 @@ def test_register_spills_within_budget(reports):
 def hopper_reports():
     script = r"""
 import json, torch
-from jfa.hopper.aot import compile_dkdv, compile_fwd
+from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd
 rows = []
 for d in (64, 128):
-    for r in (compile_fwd(d, torch.bfloat16), compile_dkdv(d, torch.bfloat16)):
+    for r in (compile_fwd(d, torch.bfloat16), compile_dkdv(d, torch.bfloat16), compile_dq(d, torch.bfloat16, True)):
         rows.append(dict(kernel=r.kernel, d=d, wgmma=r.wgmma, tma=r.ptx.count("cp.async.bulk.tensor"),
                          regs=r.registers, spill=r.spill_bytes, setmaxnreg=r.ptx.count("setmaxnreg")))
 print(json.dumps(rows))
@@ -66,8 +66,8 @@ print(json.dumps(rows))
 
 
 def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper_reports):
-    """The forward and the DRAFT dK/dV pass, D 64 and 128."""
-    assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv"}
+    """The forward and the DRAFT dK/dV and dQ passes, D 64 and 128."""
+    assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv", "hopper_dq"}
     for r in hopper_reports:
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0 and r["regs"] <= 255, r
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"

@@ -11,7 +11,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 
 from ..triton.aot import Report, _ptxas_report
-from . import bwd, fwd
+from . import bwd, bwd_dq, fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -60,6 +60,25 @@ def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
                   ptx)
 
 
+def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
+    """The DRAFT dQ kernel (jfa.hopper.bwd_dq)."""
+    x = torch.empty(128, 2, head_dim, dtype=dtype)
+    block_n = bwd_dq.BLOCK_N[head_dim]
+    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, block_n)))
+    kernel = bwd_dq.hopper_dq_kernel
+    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=block_n, STAGES=bwd_dq.STAGES, BROADCAST=broadcast,
+                      num_warps=4)
+    types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
+             "qk_scale": "fp32"}
+    types.update({name: "*i32" for name in ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")})
+    sig = {name: "constexpr" if name in constexprs else mangle_type(descs[name]) if name in descs
+           else types.get(name, "i32") for name in kernel.arg_names}
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+    regs, spills = _ptxas_report(ptx)
+    return Report("hopper_dq", head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+
+
 if __name__ == "__main__":
     for dtype in (torch.bfloat16, torch.float16):
         for d in (64, 128):
@@ -68,6 +87,6 @@ if __name__ == "__main__":
             nreg = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", r.ptx)), key=int)
             print(f"hopper_fwd D={d} {r.dtype} ({fwd.config(d)}): wgmma {r.wgmma}, TMA {tma}, setmaxnreg {nreg}, "
                   f"launch regs {r.registers}, spill {r.spill_bytes} B")
-            r = compile_dkdv(d, dtype)
-            print(f"hopper_dkdv (DRAFT) D={d} {r.dtype}: wgmma {r.wgmma}, TMA {r.ptx.count('cp.async.bulk.tensor')}, "
-                  f"launch regs {r.registers}, spill {r.spill_bytes} B")
+            for r in (compile_dkdv(d, dtype), compile_dq(d, dtype), compile_dq(d, dtype, broadcast=True)):
+                print(f"{r.kernel} (DRAFT) D={d} {r.dtype}: wgmma {r.wgmma}, "
+                      f"TMA {r.ptx.count('cp.async.bulk.tensor')}, launch regs {r.registers}, spill {r.spill_bytes} B")

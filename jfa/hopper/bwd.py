@@ -3,8 +3,8 @@
 portable Triton one until tests/test_hopper.py::test_hopper_backward_draft passes on the H200).
 
 Glossary as jfa/triton/kernels/common.py and the backward's math as jfa/triton/kernels/bwd.py (computed
-transposed: S^T = K Q^T, so no tile is transposed in registers). Delta and dQ come from the portable
-kernels (jfa.triton.launch.bwd_delta, bwd_dq); only the dK/dV pass is replaced.
+transposed: S^T = K Q^T, so no tile is transposed in registers). Delta comes from the portable preprocess
+(jfa.triton.launch.bwd_delta) and dQ from the Gluon dQ pass (jfa.hopper.bwd_dq, also a DRAFT).
 
 Each CTA loops over its schedule's items (sequence, key tile of BLOCK_N = 128 keys, kv head), costed by the
 query blocks that see the tile (jfa.schedule with the roles of q and kv swapped). Partitions:
@@ -238,7 +238,9 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
-    """-> (dq, dk, dv): the portable backward with this dK/dV pass plugged in."""
+    """-> (dq, dk, dv): the portable backward's steps (Delta, the broadcast dq sum) with the Gluon dK/dV and
+    dQ passes (jfa.hopper.bwd_dq) plugged in."""
     from ..triton import launch
+    from .bwd_dq import dq_pass
     return launch.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-                           dkdv=dkdv)
+                           dkdv=dkdv, dq_pass=dq_pass)

@@ -143,9 +143,11 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
     return out, lse
 
 
-def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast, dkdv=None):
-    """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None. dkdv: another implementation of
-    the dK/dV pass with bwd_dkdv's signature (the Hopper backward plugs its kernel in here)."""
+def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast, dkdv=None,
+             dq_pass=None):
+    """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None. dkdv, dq_pass: other
+    implementations of the two passes, with bwd_dkdv's and bwd_dq's signatures (the Hopper backward plugs its
+    kernels in here)."""
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     hq, head_dim = q.shape[1], q.shape[2]
@@ -162,7 +164,7 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     if k.shape[0] > 0:
         (dkdv or bwd_dkdv)(*args, dk, dv)
     if rows > 0:
-        bwd_dq(*args, dq)
+        (dq_pass or bwd_dq)(*args, dq)
     if broadcast:
         dq = dq.view(batch, q.shape[0], hq, head_dim).sum(0).to(q.dtype)
     return dq, dk, dv
