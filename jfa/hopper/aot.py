@@ -14,79 +14,64 @@ from ..triton.aot import Report, _ptxas_report
 from . import bwd, bwd_dq, fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")
+
+
+def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options) -> Report:
+    """Compile `kernel` with descriptor args `descs`, `constexprs`, pointer/float `types` (others: i32)."""
+    types = dict(types, **{arg: "*i32" for arg in _SCHEDULE})
+    sig = {arg: "constexpr" if arg in constexprs else mangle_type(descs[arg]) if arg in descs
+           else types.get(arg, "i32") for arg in kernel.arg_names}
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options)).asm["ptx"]
+    regs, spills = _ptxas_report(ptx)
+    return Report(name, head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+
+
+def _host_tensor(head_dim, dtype):
+    return torch.empty(128, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
 
 
 def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None) -> Report:
     cfg = fwd.config(head_dim, variant)
-    q = torch.empty(128, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
-    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(q, q, q, cfg.block_n)))
-    kernel = fwd.hopper_fwd_ws_kernel
+    x = _host_tensor(head_dim, dtype)
+    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg.block_n)))
     constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
                       PINGPONG=cfg.pingpong, BROADCAST=broadcast, num_warps=4)
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
-    types.update({name: "*i32" for name in ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")})
-    sig = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in descs:
-            sig[name] = mangle_type(descs[name])
-        else:
-            sig[name] = types.get(name, "i32")
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-    options = dict(num_warps=4, **cfg.launch_options())
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    regs, spills = _ptxas_report(ptx)
-    return Report("hopper_fwd", head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+    return _compile("hopper_fwd", fwd.hopper_fwd_ws_kernel, descs, constexprs, types, head_dim, dtype,
+                    **cfg.launch_options())
 
 
 def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
     """The DRAFT dK/dV kernel (jfa.hopper.bwd)."""
-    x = torch.empty(128, 2, head_dim, dtype=dtype)
+    x = _host_tensor(head_dim, dtype)
     block_m = bwd.BLOCK_M[head_dim]
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, block_m)))
-    kernel = bwd.hopper_dkdv_kernel
     constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=bwd.STAGES, BROADCAST=broadcast,
                       num_warps=4)
     types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
-    types.update({name: "*i32" for name in ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")})
-    sig = {name: "constexpr" if name in constexprs else mangle_type(descs[name]) if name in descs
-           else types.get(name, "i32") for name in kernel.arg_names}
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-    regs, spills = _ptxas_report(ptx)
-    return Report("hopper_dkdv", head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills,
-                  ptx)
+    return _compile("hopper_dkdv", bwd.hopper_dkdv_kernel, descs, constexprs, types, head_dim, dtype)
 
 
 def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
-    """The DRAFT dQ kernel (jfa.hopper.bwd_dq)."""
-    x = torch.empty(128, 2, head_dim, dtype=dtype)
+    """The DRAFT dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials."""
+    x = _host_tensor(head_dim, dtype)
     block_n = bwd_dq.BLOCK_N[head_dim]
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, block_n)))
-    kernel = bwd_dq.hopper_dq_kernel
     constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=block_n, STAGES=bwd_dq.STAGES, BROADCAST=broadcast,
                       num_warps=4)
     types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
-    types.update({name: "*i32" for name in ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")})
-    sig = {name: "constexpr" if name in constexprs else mangle_type(descs[name]) if name in descs
-           else types.get(name, "i32") for name in kernel.arg_names}
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-    regs, spills = _ptxas_report(ptx)
-    return Report("hopper_dq", head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+    return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, descs, constexprs, types, head_dim, dtype)
 
 
 if __name__ == "__main__":
     for dtype in (torch.bfloat16, torch.float16):
         for d in (64, 128):
-            r = compile_fwd(d, dtype)
-            tma = r.ptx.count("cp.async.bulk.tensor")
-            nreg = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", r.ptx)), key=int)
-            print(f"hopper_fwd D={d} {r.dtype} ({fwd.config(d)}): wgmma {r.wgmma}, TMA {tma}, setmaxnreg {nreg}, "
-                  f"launch regs {r.registers}, spill {r.spill_bytes} B")
-            for r in (compile_dkdv(d, dtype), compile_dq(d, dtype), compile_dq(d, dtype, broadcast=True)):
-                print(f"{r.kernel} (DRAFT) D={d} {r.dtype}: wgmma {r.wgmma}, "
-                      f"TMA {r.ptx.count('cp.async.bulk.tensor')}, launch regs {r.registers}, spill {r.spill_bytes} B")
+            for r in (compile_fwd(d, dtype), compile_dkdv(d, dtype), compile_dq(d, dtype, broadcast=True)):
+                nreg = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", r.ptx)), key=int)
+                draft = "" if r.kernel == "hopper_fwd" else " (DRAFT)"
+                print(f"{r.kernel}{draft} D={d} {r.dtype}: wgmma {r.wgmma}, TMA {r.ptx.count('cp.async.bulk.tensor')}, "
+                      f"setmaxnreg {nreg}, launch regs {r.registers}, spill {r.spill_bytes} B")

@@ -25,6 +25,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .common import aligned, tma_descriptor
+
 KEYS_PER_WG = gl.constexpr(64)  # keys per consumer warpgroup (one wgmma m64 instruction tall)
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -202,16 +204,9 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, LSE, DELTA, q_of
 
 
 def descriptors(q, dout, k, v, block_m: int):
-    """TMA descriptors over q, dO (block_m-row boxes) and k, v (64-row boxes), each viewed as [rows, H*D]."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-    d = q.shape[2]
-
-    def desc(x, block_rows):
-        x2 = x.reshape(x.shape[0], x.shape[1] * d)
-        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], dt)
-        return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_rows, d], layout)
-    return desc(q, block_m), desc(dout, block_m), desc(k, KEYS_PER_WG.value), desc(v, KEYS_PER_WG.value)
+    """TMA descriptors: q and dO in block_m-row boxes, k and v in 64-row boxes (one per consumer)."""
+    rows = KEYS_PER_WG.value
+    return tma_descriptor(q, block_m), tma_descriptor(dout, block_m), tma_descriptor(k, rows), tma_descriptor(v, rows)
 
 
 BLOCK_M = {64: 64, 128: 32}  # query rows per block: at D=128, 64 rows spill (ptxas: 836 B at 240 registers)
@@ -227,7 +222,7 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
     # items are key tiles: the schedule with the roles of q and kv swapped (and the window mirrored)
     block_m = BLOCK_M[q.shape[2]]
     sched = build(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, block_m, right, left, num_sms)
-    q, dout, k, v = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (q, dout, k, v))
+    q, dout, k, v = aligned(q, dout, k, v)
     descs = descriptors(q, dout, k, v, block_m)
     lk, rk = kernel_window(left, right)
     hopper_dkdv_kernel[(num_sms, )](

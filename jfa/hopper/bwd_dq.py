@@ -21,6 +21,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .common import aligned, tma_descriptor
 from .fwd import WG_ROWS, _item
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -173,16 +174,9 @@ STAGES = 3
 
 
 def descriptors(q, dout, k, v, block_n: int):
-    """TMA descriptors: q and dO in 64-row boxes, k and v in block_n-row boxes, each viewed as [rows, H*D]."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-    d = q.shape[2]
-
-    def desc(x, block_rows):
-        x2 = x.reshape(x.shape[0], x.shape[1] * d)
-        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], dt)
-        return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_rows, d], layout)
-    return desc(q, WG_ROWS.value), desc(dout, WG_ROWS.value), desc(k, block_n), desc(v, block_n)
+    """TMA descriptors: q and dO in 64-row boxes (one per consumer), k and v in block_n-row boxes."""
+    rows = WG_ROWS.value
+    return tma_descriptor(q, rows), tma_descriptor(dout, rows), tma_descriptor(k, block_n), tma_descriptor(v, block_n)
 
 
 def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dq):
@@ -192,7 +186,7 @@ def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right
     block_n = BLOCK_N[q.shape[2]]
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     sched = build(q_offsets, kv_offsets, dq.shape[0], q.shape[1], 2 * WG_ROWS.value, block_n, left, right, num_sms)
-    q, dout, k, v = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (q, dout, k, v))
+    q, dout, k, v = aligned(q, dout, k, v)
     lk, rk = kernel_window(left, right)
     hopper_dq_kernel[(num_sms, )](
         *descriptors(q, dout, k, v, block_n), dq, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order,

@@ -26,6 +26,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .common import aligned, tma_descriptor
+
 LN2 = gl.constexpr(0.6931471805599453)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma m64 instruction tall)
 
@@ -280,16 +282,8 @@ def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, 
 
 
 def descriptors(q, k, v, block_n: int):
-    """Gluon TMA descriptors over q/k/v viewed as 2-D [rows, H*D] (q in 64-row boxes, k/v in block_n)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-    d = q.shape[2]
-
-    def desc(x, block_rows):
-        x2 = x.reshape(x.shape[0], x.shape[1] * d)
-        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], dt)
-        return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_rows, d], layout)
-    return desc(q, WG_ROWS.value), desc(k, block_n), desc(v, block_n)
+    """TMA descriptors: q in 64-row boxes (one per consumer), k and v in block_n-row boxes."""
+    return tma_descriptor(q, WG_ROWS.value), tma_descriptor(k, block_n), tma_descriptor(v, block_n)
 
 
 @dataclass(frozen=True)
@@ -340,7 +334,7 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
     ctas = torch.cuda.get_device_properties(q.device).multi_processor_count * cfg.ctas_per_sm()
     params = (rows, hq, block_m, cfg.block_n, left, right, ctas)
     sched = schedules.get(q_offsets, kv_offsets, *params) if schedules else build(q_offsets, kv_offsets, *params)
-    q, k, v = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (q, k, v))  # TMA needs 16-byte alignment
+    q, k, v = aligned(q, k, v)
     q_desc, k_desc, v_desc = descriptors(q, k, v, cfg.block_n)
     lk, rk = kernel_window(left, right)
     hopper_fwd_ws_kernel[(ctas, )](
