@@ -18,14 +18,36 @@ _SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")
 
 
 def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options) -> Report:
-    """Compile `kernel` with descriptor args `descs`, `constexprs`, pointer/float `types` (others: i32)."""
+    """Compile `kernel` with descriptor args `descs`, `constexprs`, pointer/float `types` (others: i32).
+    The Report's ptx field holds the PTX; its .ttgir attribute the TTGIR (for IR-level checks)."""
     types = dict(types, **{arg: "*i32" for arg in _SCHEDULE})
     sig = {arg: "constexpr" if arg in constexprs else mangle_type(descs[arg]) if arg in descs
            else types.get(arg, "i32") for arg in kernel.arg_names}
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options)).asm["ptx"]
-    regs, spills = _ptxas_report(ptx)
-    return Report(name, head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+    asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options)).asm
+    regs, spills = _ptxas_report(asm["ptx"])
+    report = Report(name, head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", asm["ptx"])), regs, spills,
+                    asm["ptx"])
+    report.ttgir = asm["ttgir"]
+    return report
+
+
+def producer_loop_bounds_are_per_item(ttgir: str) -> bool:
+    """In the 1-warp TMA producer partition, are the bounds of the K/V loop computed inside the loop over
+    items? triton 3.6 once hoisted them to the first item's values (a prefetched
+    form, docs/perf-notes.md), which deadlocks the kernel; this checks the compiled IR for that."""
+    text = re.sub(r" loc\([^)]*\)", "", ttgir)
+    start = text.index("num_warps(1)")
+    body = text[start:]
+    loops = list(re.finditer(r"scf\.for %\S+ = (%[\w#]+) to (%[\w#]+) step", body))
+    if len(loops) < 2:
+        raise ValueError("producer loops not found in the TTGIR")
+    item_loop, kv_loop = loops[0], loops[1]  # the producer's two loops: over its items, over an item's K/V
+    for bound in kv_loop.groups():
+        define = re.search(re.escape(bound) + r" = ", body)
+        if define is None or not item_loop.start() < define.start() < kv_loop.start():
+            return False
+    return True
 
 
 def _host_tensor(head_dim, dtype):
@@ -37,7 +59,7 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg.block_n)))
     constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-                      PINGPONG=cfg.pingpong, BROADCAST=broadcast, num_warps=4)
+                      PINGPONG=cfg.pingpong, PREFETCH=cfg.prefetch, BROADCAST=broadcast, num_warps=4)
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
     return _compile("hopper_fwd", fwd.hopper_fwd_ws_kernel, descs, constexprs, types, head_dim, dtype,
                     **cfg.launch_options())

@@ -33,26 +33,41 @@ WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma m64 i
 
 
 @gluon.jit
-def _item(tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT,
-          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Schedule slot idx -> (valid, head, first query row m0, q_start, q_len, kv_start, kv_len, key blocks
-    [lo, hi)): the tile's key range, as common.key_blocks."""
+def _fetch(tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity):
+    """The global loads of schedule slot idx: (item, query tile index, q_start, q_end, kv_start, kv_end)."""
     item = gl.load(order + idx)
-    valid = item >= 0
-    item = gl.maximum(item, 0)
-    i_tile = item // heads
-    i_h = item % heads
+    i_tile = gl.maximum(item, 0) // heads
     seq = gl.maximum(gl.load(tiles + i_tile), 0)
-    m0 = gl.load(tiles + tile_capacity + i_tile) * BLOCK_M
+    m_tile = gl.load(tiles + tile_capacity + i_tile)
     q_start = gl.load(q_offsets + seq).to(gl.int32)  # offsets may be int64; TMA coordinates are int32
-    q_len = gl.load(q_offsets + seq + 1).to(gl.int32) - q_start
+    q_end = gl.load(q_offsets + seq + 1).to(gl.int32)
     kv_start = gl.load(kv_offsets + seq).to(gl.int32)
-    kv_len = gl.load(kv_offsets + seq + 1).to(gl.int32) - kv_start
+    kv_end = gl.load(kv_offsets + seq + 1).to(gl.int32)
+    return item, m_tile, q_start, q_end, kv_start, kv_end
+
+
+@gluon.jit
+def _geometry(item, m_tile, q_start, q_end, kv_start, kv_end, heads, LEFT, RIGHT, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+    """-> (valid, head, first query row m0, q_start, q_len, kv_start, kv_len, key blocks [lo, hi)): the
+    tile's key range, as common.key_blocks."""
+    q_len = q_end - q_start
+    kv_len = kv_end - kv_start
+    m0 = m_tile * BLOCK_M
     shift = kv_len - q_len
     m_last = gl.minimum(m0 + BLOCK_M, q_len) - 1
     lo = (gl.maximum(m0 + shift - LEFT, 0) // BLOCK_N) * BLOCK_N
     hi = gl.minimum(m_last + shift + RIGHT + 1, kv_len)
-    return valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi
+    return item >= 0, gl.maximum(item, 0) % heads, m0, q_start, q_len, kv_start, kv_len, lo, hi
+
+
+@gluon.jit
+def _item(tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Schedule slot idx -> _geometry of its item."""
+    item, m_tile, q_start, q_end, kv_start, kv_end = _fetch(tiles, order, q_offsets, kv_offsets, idx, heads,
+                                                           tile_capacity)
+    return _geometry(item, m_tile, q_start, q_end, kv_start, kv_end, heads, LEFT, RIGHT, BLOCK_M, BLOCK_N)
 
 
 @gluon.jit
@@ -64,6 +79,8 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
     it = 0  # K/V blocks loaded so far: ring slot it % STAGES, phase (it // STAGES) & 1
     t = 0  # items loaded so far: Q buffer phase t & 1
     for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
+        # no PREFETCH here: the producer runs ahead of the consumers, and triton 3.6 miscompiled the prefetched
+        # form in this partition (the key range of every item became the first item's; docs/perf-notes.md)
         valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
             tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         if valid:
@@ -113,7 +130,8 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                        turn, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
                        tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                       PREFETCH: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -131,9 +149,20 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
     it = 0
     t = 0
     g = 0  # matmul turns taken (ping-pong)
-    for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
-        valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
-            tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    first = gl.load(sm_start + i_sm)
+    end = gl.load(sm_start + i_sm + 1)
+    # PREFETCH: the next slot's global loads are issued one item ahead, off the critical path.
+    f_item, f_tile, f_qs, f_qe, f_ks, f_ke = _fetch(tiles, order, q_offsets, kv_offsets,
+                                                    gl.maximum(gl.minimum(first, end - 1), 0), heads, tile_capacity)
+    for idx in range(first, end):
+        if PREFETCH:
+            valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _geometry(
+                f_item, f_tile, f_qs, f_qe, f_ks, f_ke, heads, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+            f_item, f_tile, f_qs, f_qe, f_ks, f_ke = _fetch(tiles, order, q_offsets, kv_offsets,
+                                                            gl.minimum(idx + 1, end - 1), heads, tile_capacity)
+        else:
+            valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
+                tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         if valid:
             row0 = m0 + WG * WG_ROWS
             shift = kv_len - q_len
@@ -230,8 +259,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
 def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start,
                          stride_ot, stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT,
                          GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, BROADCAST: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, PREFETCH: gl.constexpr,
+                         BROADCAST: gl.constexpr, num_warps: gl.constexpr):
     """CONSUMERS = 2: 128-row tiles, both warpgroups share each K/V block (one CTA per SM). CONSUMERS = 1:
     64-row tiles, one warpgroup (two CTAs per SM: for short query tiles, e.g. broadcast q of 64 rows)."""
     BLOCK_M: gl.constexpr = CONSUMERS * WG_ROWS
@@ -260,11 +289,11 @@ def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, 
             (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
                                   LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
                                   stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                  STAGES, PINGPONG)),
+                                  STAGES, PINGPONG, PREFETCH)),
             (_softmax_partition, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
                                   LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
                                   stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                  STAGES, PINGPONG)),
+                                  STAGES, PINGPONG, PREFETCH)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
                                RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS)),
@@ -274,7 +303,7 @@ def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, 
             (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
                                   LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
                                   stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                  STAGES, False)),
+                                  STAGES, False, PREFETCH)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
                                RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS)),
@@ -292,6 +321,7 @@ class Config:
     block_n: int = 128
     stages: int = 2  # K/V ring depth; the ring + Q must fit the 227 KB of shared memory
     pingpong: bool = False
+    prefetch: bool = False  # the consumers load each item's bookkeeping one item ahead
 
     def ctas_per_sm(self):
         return 3 - self.consumers
@@ -306,6 +336,7 @@ VARIANTS = {  # name -> head dim -> Config; A/B'd by benchmarks/ab_forward.py
     "s3": {64: Config(stages=3), 128: Config(stages=3)},
     "pingpong": {64: Config(stages=3, pingpong=True), 128: Config(stages=3, pingpong=True)},
     "m64": {64: Config(consumers=1, stages=3), 128: Config(consumers=1, block_n=64, stages=3)},
+    "prefetch": {64: Config(consumers=1, stages=3, prefetch=True), 128: Config(stages=3, prefetch=True)},
 }
 
 
@@ -341,5 +372,5 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
         q_desc, k_desc, v_desc, out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), lk, rk,
         GROUP=hq // k.shape[1], HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        PINGPONG=cfg.pingpong, BROADCAST=broadcast, num_warps=4, **cfg.launch_options())
+        PINGPONG=cfg.pingpong, PREFETCH=cfg.prefetch, BROADCAST=broadcast, num_warps=4, **cfg.launch_options())
     return out, lse
