@@ -55,6 +55,7 @@ from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd, producer_loop_
 rows = []
 for d in (64, 128):
     for r in (compile_fwd(d, torch.bfloat16), compile_fwd(d, torch.bfloat16, variant="prefetch"),
+              compile_fwd(d, torch.bfloat16, broadcast=True, variant="pairs"),
               compile_dkdv(d, torch.bfloat16), compile_dq(d, torch.bfloat16, True)):
         rows.append(dict(kernel=r.kernel, d=d, wgmma=r.wgmma, tma=r.ptx.count("cp.async.bulk.tensor"),
                          regs=r.registers, spill=r.spill_bytes, setmaxnreg=r.ptx.count("setmaxnreg"),

@@ -34,7 +34,7 @@ def test_hopper_backend(mode, dtype, d):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("variant", ["s2", "s3", "pingpong", "m64", "prefetch"])
+@pytest.mark.parametrize("variant", ["s2", "s3", "pingpong", "m64", "prefetch", "pairs"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_hopper_forward_variants(mode, d, variant):

@@ -59,7 +59,8 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg.block_n)))
     constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-                      PINGPONG=cfg.pingpong, PREFETCH=cfg.prefetch, BROADCAST=broadcast, num_warps=4)
+                      PINGPONG=cfg.pingpong, PREFETCH=cfg.prefetch, PAIRS=cfg.pairs, BROADCAST=broadcast,
+                      num_warps=4)
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
     return _compile("hopper_fwd", fwd.hopper_fwd_ws_kernel, descs, constexprs, types, head_dim, dtype,
                     **cfg.launch_options())

@@ -74,7 +74,8 @@ def _item(tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, 
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                     q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT, RIGHT,
                     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, BROADCAST: gl.constexpr, CONSUMERS: gl.constexpr):
+                    STAGES: gl.constexpr, BROADCAST: gl.constexpr, CONSUMERS: gl.constexpr, PAIRS: gl.constexpr):
+    KV_PER_SLOT: gl.constexpr = 2 if PAIRS else 1  # PAIRS: each consumer has its own head, so its own K/V
     i_sm = gl.program_id(0)
     it = 0  # K/V blocks loaded so far: ring slot it % STAGES, phase (it // STAGES) & 1
     t = 0  # items loaded so far: Q buffer phase t & 1
@@ -87,17 +88,22 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
             q_row0 = m0 if BROADCAST else q_start + m0
             mbarrier.wait(q_empty, (t & 1) ^ 1)  # the consumers are done with the previous item's Q
             for w in gl.static_range(CONSUMERS):
+                row = q_row0 if PAIRS else q_row0 + w * WG_ROWS
+                head = 2 * i_h + w if PAIRS else i_h
                 mbarrier.expect(q_ready.index(w), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [q_row0 + w * WG_ROWS, i_h * HEAD_DIM], q_ready.index(w),
-                                                q_smem.index(w))
-            col = (i_h // GROUP) * HEAD_DIM
+                tma.async_copy_global_to_shared(q_desc, [row, head * HEAD_DIM], q_ready.index(w), q_smem.index(w))
             for n0 in range(lo, hi, BLOCK_N):
                 slot = it % STAGES
                 mbarrier.wait(kv_empty.index(slot), ((it // STAGES) & 1) ^ 1)
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [kv_start + n0, col], k_ready.index(slot), k_smem.index(slot))
-                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [kv_start + n0, col], v_ready.index(slot), v_smem.index(slot))
+                mbarrier.expect(k_ready.index(slot), KV_PER_SLOT * k_desc.block_type.nbytes)
+                mbarrier.expect(v_ready.index(slot), KV_PER_SLOT * v_desc.block_type.nbytes)
+                for w in gl.static_range(KV_PER_SLOT):  # PAIRS: the two heads' rows are adjacent in memory
+                    col = ((2 * i_h + w if PAIRS else i_h) // GROUP) * HEAD_DIM
+                    buf = slot * KV_PER_SLOT + w
+                    tma.async_copy_global_to_shared(k_desc, [kv_start + n0, col], k_ready.index(slot),
+                                                    k_smem.index(buf))
+                    tma.async_copy_global_to_shared(v_desc, [kv_start + n0, col], v_ready.index(slot),
+                                                    v_smem.index(buf))
                 it += 1
             t += 1
 
@@ -131,7 +137,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
                        turn, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh, stride_lh,
                        tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                       PREFETCH: gl.constexpr):
+                       PREFETCH: gl.constexpr, PAIRS: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -144,6 +150,8 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
     q_buf = q_smem.index(WG)
+    KV_PER_SLOT: gl.constexpr = 2 if PAIRS else 1
+    KV_SUB: gl.constexpr = WG if PAIRS else 0  # this consumer's K/V buffer within a ring slot
 
     i_sm = gl.program_id(0)
     it = 0
@@ -164,7 +172,9 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
             valid, i_h, m0, q_start, q_len, kv_start, kv_len, lo, hi = _item(
                 tiles, order, q_offsets, kv_offsets, idx, heads, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         if valid:
-            row0 = m0 + WG * WG_ROWS
+            row0 = m0 if PAIRS else m0 + WG * WG_ROWS  # PAIRS: both consumers take the same rows, two heads
+            if PAIRS:
+                i_h = 2 * i_h + WG
             shift = kv_len - q_len
             n_blocks = gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0)
             # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
@@ -181,7 +191,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
                 slot = it % STAGES
                 mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
                 _take_turn(turn, WG, g, PINGPONG)
-                s = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s = warpgroup_mma(q_buf, k_smem.index(slot * KV_PER_SLOT + KV_SUB).permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 _pass_turn(turn, WG, PINGPONG)
                 g += 1
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -199,9 +209,9 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
                     mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
                     _take_turn(turn, WG, g, PINGPONG)
-                    s = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                    s = warpgroup_mma(q_buf, k_smem.index(slot * KV_PER_SLOT + KV_SUB).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)
-                    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    acc = warpgroup_mma(p_op, v_smem.index(prev * KV_PER_SLOT + KV_SUB), acc, is_async=True)
                     _pass_turn(turn, WG, PINGPONG)
                     g += 1
                     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
@@ -221,7 +231,7 @@ def _softmax_partition(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, q_empt
                 last = (it + n_blocks - 1) % STAGES
                 mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
                 _take_turn(turn, WG, g, PINGPONG)
-                acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                acc = warpgroup_mma(p_op, v_smem.index(last * KV_PER_SLOT + KV_SUB), acc, is_async=True)
                 _pass_turn(turn, WG, PINGPONG)
                 g += 1
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
@@ -260,14 +270,17 @@ def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, 
                          stride_ot, stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT,
                          GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, PREFETCH: gl.constexpr,
-                         BROADCAST: gl.constexpr, num_warps: gl.constexpr):
+                         PAIRS: gl.constexpr, BROADCAST: gl.constexpr, num_warps: gl.constexpr):
     """CONSUMERS = 2: 128-row tiles, both warpgroups share each K/V block (one CTA per SM). CONSUMERS = 1:
-    64-row tiles, one warpgroup (two CTAs per SM: for short query tiles, e.g. broadcast q of 64 rows)."""
-    BLOCK_M: gl.constexpr = CONSUMERS * WG_ROWS
+    64-row tiles, one warpgroup (two CTAs per SM: for short query tiles). PAIRS (with 2 consumers): 64-row
+    tiles of a pair of heads, one head per consumer, the two heads' K/V loaded side by side (for query tiles
+    of at most 64 rows, e.g. broadcast q of 64 rows, where a 128-row tile would leave a consumer idle)."""
+    BLOCK_M: gl.constexpr = WG_ROWS if PAIRS else CONSUMERS * WG_ROWS
+    KV_PER_SLOT: gl.constexpr = 2 if PAIRS else 1
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_ROWS, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES * KV_PER_SLOT, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES * KV_PER_SLOT, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -289,24 +302,24 @@ def hopper_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, 
             (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
                                   LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
                                   stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                  STAGES, PINGPONG, PREFETCH)),
+                                  STAGES, PINGPONG, PREFETCH, PAIRS)),
             (_softmax_partition, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
                                   LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
                                   stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                  STAGES, PINGPONG, PREFETCH)),
+                                  STAGES, PINGPONG, PREFETCH, PAIRS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
-                               RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS)),
+                               RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS, PAIRS)),
         ], [4, 1], [232, 40])
     else:
         gl.warp_specialize([
             (_softmax_partition, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
                                   LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot, stride_oh,
                                   stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                  STAGES, False, PREFETCH)),
+                                  STAGES, False, PREFETCH, False)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads, LEFT,
-                               RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS)),
+                               RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST, CONSUMERS, False)),
         ], [1], [24])
 
 
@@ -322,6 +335,7 @@ class Config:
     stages: int = 2  # K/V ring depth; the ring + Q must fit the 227 KB of shared memory
     pingpong: bool = False
     prefetch: bool = False  # the consumers load each item's bookkeeping one item ahead
+    pairs: bool = False  # 64-row tiles of two heads, one per consumer (needs 2 consumers and an even head count)
 
     def ctas_per_sm(self):
         return 3 - self.consumers
@@ -337,6 +351,7 @@ VARIANTS = {  # name -> head dim -> Config; A/B'd by benchmarks/ab_forward.py
     "pingpong": {64: Config(stages=3, pingpong=True), 128: Config(stages=3, pingpong=True)},
     "m64": {64: Config(consumers=1, stages=3), 128: Config(consumers=1, block_n=64, stages=3)},
     "prefetch": {64: Config(consumers=1, stages=3, prefetch=True), 128: Config(stages=3, prefetch=True)},
+    "pairs": {64: Config(stages=3, pairs=True), 128: Config(block_n=64, stages=3, pairs=True)},
 }
 
 
@@ -352,7 +367,9 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
     from ..jagged import kernel_window
     from ..schedule import build
     cfg = cfg or config(q.shape[2])
-    block_m = cfg.consumers * WG_ROWS.value
+    if cfg.pairs and q.shape[1] % 2:
+        cfg = config(q.shape[2])  # an odd head count has no pairs
+    block_m = (1 if cfg.pairs else cfg.consumers) * WG_ROWS.value
     batch = kv_offsets.numel() - 1
     rows = batch * q.shape[0] if broadcast else q.shape[0]
     hq, d = q.shape[1], q.shape[2]
@@ -363,14 +380,17 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
     ctas = torch.cuda.get_device_properties(q.device).multi_processor_count * cfg.ctas_per_sm()
-    params = (rows, hq, block_m, cfg.block_n, left, right, ctas)
+    items_per_tile = hq // 2 if cfg.pairs else hq  # PAIRS: an item is a tile of a pair of heads
+    params = (rows, items_per_tile, block_m, cfg.block_n, left, right, ctas)
     sched = schedules.get(q_offsets, kv_offsets, *params) if schedules else build(q_offsets, kv_offsets, *params)
     q, k, v = aligned(q, k, v)
     q_desc, k_desc, v_desc = descriptors(q, k, v, cfg.block_n)
     lk, rk = kernel_window(left, right)
     hopper_fwd_ws_kernel[(ctas, )](
         q_desc, k_desc, v_desc, out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
-        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), lk, rk,
+        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], items_per_tile, scale * math.log2(math.e),
+        lk, rk,
         GROUP=hq // k.shape[1], HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        PINGPONG=cfg.pingpong, PREFETCH=cfg.prefetch, BROADCAST=broadcast, num_warps=4, **cfg.launch_options())
+        PINGPONG=cfg.pingpong, PREFETCH=cfg.prefetch, PAIRS=cfg.pairs, BROADCAST=broadcast, num_warps=4,
+        **cfg.launch_options())
     return out, lse

@@ -2,9 +2,9 @@
 # Next H200 session, call 1 (~8 min): every step under its own time limit (a deadlock shows as a timeout).
 #   1. the Hopper backend tests (fwd through Gluon, bwd portable) and the forward variants, prefetch included;
 #   2. the first run of the DRAFT Gluon backward (dK/dV + dQ passes): its GPU tests;
-#   3. the forward A/B (benchmarks/ab_forward.py) and a backward A/B through `jfa bench` (provider jfa-hopper,
-#      the portable backward vs JFA_HOPPER_BWD=gluon).
-# Then: sanitize.sh (compute-sanitizer), and the bench: fa4_half1.sh, stage2.sh A, stage2.sh B back to back.
+#   3. the forward A/B of every variant (benchmarks/ab_forward.py).
+# Then: sanitize.sh (backward A/B, compute-sanitizer), and the bench: fa4_half1.sh, stage2.sh A, stage2.sh B
+# back to back.
 # If the draft backward passes and wins, make it the default (jfa/hopper/__init__.py BWD) before the bench.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -15,7 +15,4 @@ step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "p
 T="-q -p no:cacheprovider -m gpu -n 4"
 step 150 $PY -m pytest $T tests/test_hopper.py -k "not draft" 2>&1 | grep -v "^  \|^$\|Warn" | tail -6
 step 120 $PY -m pytest $T tests/test_hopper.py -k backward_draft 2>&1 | grep -v "^  \|^$\|Warn" | tail -12
-step 130 $PY benchmarks/ab_forward.py 2>&1 | grep -v "fa4: RuntimeError" | tee $OUT/ab_forward.txt | tail -12
-W=self-skewed-8k,causal-skewed-4k,gqa-uniform-2k,pma-64
-step 90 $PY -m jfa bench --only $W --providers jfa-hopper --out $OUT/bwd-triton 2>&1 | tail -7
-JFA_HOPPER_BWD=gluon step 90 $PY -m jfa bench --only $W --providers jfa-hopper --out $OUT/bwd-gluon 2>&1 | tail -7
+step 240 $PY benchmarks/ab_forward.py 2>&1 | grep -v "fa4: RuntimeError" | tee $OUT/ab_forward.txt | tail -12
