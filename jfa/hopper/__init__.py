@@ -14,7 +14,7 @@ from .. import triton as triton_backend
 from ..schedule import ScheduleCache
 
 HEAD_DIMS = (64, 128)
-_SCHEDULES = ScheduleCache()
+SCHEDULES = ScheduleCache()  # shared by the forward and the backward passes
 
 
 def supports(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
@@ -25,7 +25,7 @@ def supports(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
 
 def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
     from . import fwd
-    return fwd.forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedules=_SCHEDULES)
+    return fwd.forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedules=SCHEDULES)
 
 
 BWD = os.environ.get("JFA_HOPPER_BWD", "triton")

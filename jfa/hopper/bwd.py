@@ -216,12 +216,12 @@ STAGES = 3
 def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv):
     """The dK/dV pass into dk, dv, as jfa.triton.launch.bwd_dkdv (k has rows; D 64/128; bf16/fp16)."""
     from ..jagged import kernel_window
-    from ..schedule import build
+    from . import SCHEDULES  # the hopper backend's schedule cache: one build per offsets, not per call
     block_n = 2 * KEYS_PER_WG.value
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     # items are key tiles: the schedule with the roles of q and kv swapped (and the window mirrored)
     block_m = BLOCK_M[q.shape[2]]
-    sched = build(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, block_m, right, left, num_sms)
+    sched = SCHEDULES.get(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, block_m, right, left, num_sms)
     q, dout, k, v = aligned(q, dout, k, v)
     descs = descriptors(q, dout, k, v, block_m)
     lk, rk = kernel_window(left, right)

@@ -182,10 +182,11 @@ def descriptors(q, dout, k, v, block_n: int):
 def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dq):
     """The dQ pass into dq, as jfa.triton.launch.bwd_dq (float32 per-sequence partials in broadcast mode)."""
     from ..jagged import kernel_window
-    from ..schedule import build
+    from . import SCHEDULES  # the hopper backend's schedule cache: one build per offsets, not per call
     block_n = BLOCK_N[q.shape[2]]
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    sched = build(q_offsets, kv_offsets, dq.shape[0], q.shape[1], 2 * WG_ROWS.value, block_n, left, right, num_sms)
+    sched = SCHEDULES.get(q_offsets, kv_offsets, dq.shape[0], q.shape[1], 2 * WG_ROWS.value, block_n, left, right,
+                          num_sms)
     q, dout, k, v = aligned(q, dout, k, v)
     lk, rk = kernel_window(left, right)
     hopper_dq_kernel[(num_sms, )](

@@ -90,9 +90,12 @@ def _dot_mode(dtype: torch.dtype) -> str:
     return "upcast" if dtype == torch.bfloat16 and interpreting() else "tf32"  # tf32: no-op for 16-bit
 
 
+def _block_d(head_dim):
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 def _common(q, k, head_dim):
-    return dict(GROUP=q.shape[1] // k.shape[1], D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                DOT=_dot_mode(q.dtype))
+    return dict(GROUP=q.shape[1] // k.shape[1], D=head_dim, BLOCK_D=_block_d(head_dim), DOT=_dot_mode(q.dtype))
 
 
 # Forward schedule: "grid" (one program per tile and head) or "persistent" (one program per SM over a
@@ -179,8 +182,7 @@ def bwd_delta(out, dout, dlse, lse):
         kernels_for(out.device).attention_bwd_preprocess_kernel[(triton.cdiv(rows, block_t), hq)](
             out, dout, dlse if dlse is not None else lse, delta, rows,
             out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), lse.stride(0),
-            D=head_dim, BLOCK_D=_common(out, out, head_dim)["BLOCK_D"], BLOCK_T=block_t,
-            HAS_DLSE=dlse is not None)
+            D=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_T=block_t, HAS_DLSE=dlse is not None)
     return delta
 
 
