@@ -166,7 +166,9 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
     if k.shape[0] > 0:
         (dkdv or bwd_dkdv)(*args, dk, dv)
-    if rows > 0:
+    if rows > 0 and k.shape[0] == 0:  # no keys anywhere: every query saw nothing (and TMA needs rows)
+        dq.zero_()
+    elif rows > 0:
         (dq_pass or bwd_dq)(*args, dq)
     if broadcast:
         dq = dq.view(batch, q.shape[0], hq, head_dim).sum(0).to(q.dtype)
