@@ -69,7 +69,7 @@ print(json.dumps(rows))
 
 
 def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper_reports):
-    """The forward and the DRAFT dK/dV and dQ passes, D 64 and 128."""
+    """The forward and the dK/dV and dQ passes, D 64 and 128."""
     assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv", "hopper_dq"}
     for r in hopper_reports:
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0 and r["regs"] <= 255, r

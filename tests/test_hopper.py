@@ -82,8 +82,9 @@ def test_hopper_int64_offsets():
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_hopper_backward_draft(mode, d):
-    """The DRAFT Gluon dK/dV pass (jfa.hopper.bwd) inside the portable backward, against the reference."""
+def test_hopper_backward_gluon(mode, d):
+    """The Gluon dK/dV and dQ passes (jfa.hopper.bwd, bwd_dq) inside the portable backward's steps, in every
+    mode (broadcast too, which the backend's default gives to the portable backward), against the reference."""
     from jfa.hopper import bwd, fwd
     case = _case(mode, d)
     out, lse = fwd.forward(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
@@ -97,7 +98,7 @@ def test_hopper_backward_draft(mode, d):
 @pytest.mark.parametrize("bwd", ["triton", "gluon"])
 def test_hopper_backward_is_deterministic(bwd, monkeypatch):
     """Same inputs, same bits, run to run (no atomics anywhere): the portable backward behind the hopper
-    backend, and the DRAFT Gluon passes. GQA and broadcast are the cases where a reduction could reorder."""
+    backend, and the Gluon passes. GQA and broadcast are the cases where a reduction could reorder."""
     import jfa.hopper
     monkeypatch.setattr(jfa.hopper, "BWD", bwd)
     for mode in ("gqa", "broadcast-causal-gqa"):

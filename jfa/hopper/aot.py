@@ -67,7 +67,7 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None
 
 
 def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
-    """The DRAFT dK/dV kernel (jfa.hopper.bwd)."""
+    """The dK/dV kernel (jfa.hopper.bwd)."""
     x = _host_tensor(head_dim, dtype)
     block_m = bwd.BLOCK_M[head_dim]
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, block_m)))
@@ -79,7 +79,7 @@ def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
 
 
 def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
-    """The DRAFT dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials."""
+    """The dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials."""
     x = _host_tensor(head_dim, dtype)
     block_n = bwd_dq.BLOCK_N[head_dim]
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, block_n)))
@@ -95,6 +95,5 @@ if __name__ == "__main__":
         for d in (64, 128):
             for r in (compile_fwd(d, dtype), compile_dkdv(d, dtype), compile_dq(d, dtype, broadcast=True)):
                 nreg = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", r.ptx)), key=int)
-                draft = "" if r.kernel == "hopper_fwd" else " (DRAFT)"
-                print(f"{r.kernel}{draft} D={d} {r.dtype}: wgmma {r.wgmma}, TMA {r.ptx.count('cp.async.bulk.tensor')}, "
+                print(f"{r.kernel} D={d} {r.dtype}: wgmma {r.wgmma}, TMA {r.ptx.count('cp.async.bulk.tensor')}, "
                       f"setmaxnreg {nreg}, launch regs {r.registers}, spill {r.spill_bytes} B")

@@ -1,10 +1,9 @@
-"""DRAFT Hopper backward: a persistent, warp-specialized Gluon dK/dV pass. Compiled for sm_90 on the CPU
-(tests/test_aot.py); NOT YET RUN ON A GPU, so it is not the hopper backend's backward yet (that stays the
-portable Triton one until tests/test_hopper.py::test_hopper_backward_draft passes on the H200).
+"""The Hopper backward: a persistent, warp-specialized Gluon dK/dV pass (the hopper backend's backward, with the
+dQ pass of jfa.hopper.bwd_dq; tests/test_hopper.py checks it in every mode, tests/test_aot.py its build).
 
 Glossary as jfa/triton/kernels/common.py and the backward's math as jfa/triton/kernels/bwd.py (computed
 transposed: S^T = K Q^T, so no tile is transposed in registers). Delta comes from the portable preprocess
-(jfa.triton.launch.bwd_delta) and dQ from the Gluon dQ pass (jfa.hopper.bwd_dq, also a DRAFT).
+(jfa.triton.launch.bwd_delta) and dQ from the Gluon dQ pass (jfa.hopper.bwd_dq).
 
 Each CTA loops over its schedule's items (sequence, key tile of BLOCK_N = 128 keys, kv head), costed by the
 query blocks that see the tile (jfa.schedule with the roles of q and kv swapped). Partitions:

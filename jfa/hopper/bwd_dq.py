@@ -1,5 +1,5 @@
-"""DRAFT Hopper dQ pass: a persistent, warp-specialized Gluon kernel. Compiled for sm_90 on the CPU
-(tests/test_aot.py); NOT YET RUN ON A GPU (JFA_HOPPER_BWD=gluon plugs it in, see jfa/hopper/__init__.py).
+"""The Hopper dQ pass: a persistent, warp-specialized Gluon kernel (the hopper backend's, beside the dK/dV pass
+of jfa.hopper.bwd).
 
 Deterministic, no atomics: the structure of the forward (jfa.hopper.fwd) with a second operand. Items are
 the forward's (sequence, query tile of 128 rows, head), on the same load-balanced schedule. Partitions:

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# H200 call (carry .fa4/part1; it doubles as the bench's first call, fa4_half1.sh): set up, keep FA4's first
+# half in /tmp/fa4, then the GPU tests of the hopper backend (Gluon backward by default; the forward variants
+# have their own run) and of the public API, and the forward A/B of every variant, each under a time limit.
+# stage2.sh A and B follow at once (the machine stays warm ~30 s).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/fa4 && cp .fa4/part1/* /tmp/fa4/ 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee $OUT/nvidia-smi.txt
+bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
+PY=.venv/bin/python
+step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|benchmarks/ab_forward.py" 2>/dev/null;
+         sleep 1; echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
+T="-q -p no:cacheprovider -m gpu -n 4"
+step 200 $PY -m pytest $T tests/test_hopper.py tests/test_gpu.py tests/test_integrations.py -k "not variants" 2>&1 \
+  | grep -v "^  \|^$\|Warn" | tail -12
+step 200 $PY benchmarks/ab_forward.py > $OUT/ab_forward.txt 2>&1; grep -v "fa4: RuntimeError" $OUT/ab_forward.txt | tail -40
