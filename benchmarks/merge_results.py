@@ -1,5 +1,6 @@
 """Merge the results.json of several `jfa bench --only ...` runs of one session (the device allows 10 minutes a
-command, so the suite runs in parts) into one, in suite order, and render report.md and the plots.
+command, so the suite runs in parts) into one, in suite order, and render report.md and the plots. A workload
+in a later part replaces the same workload of an earlier part (a re-run after a fix: the latest run counts).
 
     python benchmarks/merge_results.py benchmarks/results/h200 part1/results.json part2/results.json --commit SHA
 
@@ -23,8 +24,8 @@ def main():
     parts = [json.load(open(path)) for path in args.parts]
     merged = dict(parts[0])
     order = {w.name: i for i, w in enumerate(suite.load_suite()[1])}
-    merged["workloads"] = sorted((w for part in parts for w in part["workloads"]),
-                                 key=lambda w: order.get(w["name"], len(order)))
+    latest = {w["name"]: w for part in parts for w in part["workloads"]}
+    merged["workloads"] = sorted(latest.values(), key=lambda w: order.get(w["name"], len(order)))
     merged["env"] = dict(merged["env"], parts=[part["env"].get("date") for part in parts])
     merged["ceiling_tflops"] = min(part["ceiling_tflops"] for part in parts)
     if args.commit:

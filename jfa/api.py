@@ -78,12 +78,34 @@ def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, w
     if checks.offsets_values_checked([kv_offsets], max_kv_len is not None):
         checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
     batch, lq = kv_offsets.numel() - 1, q.shape[0]
-    # Output row offsets: sequence b owns rows [b*Lq, (b+1)*Lq) of the output (built on the device, no sync).
-    q_offsets = torch.arange(batch + 1, device=q.device, dtype=kv_offsets.dtype) * lq
+    q_offsets = _broadcast_row_offsets(batch, lq, kv_offsets.dtype, q.device)
     out = _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast=True)
     if return_lse:
         return out[0].view(batch, lq, q.shape[1], q.shape[2]), out[1]
     return out.view(batch, lq, q.shape[1], q.shape[2])
+
+
+_ROW_OFFSETS: dict = {}
+
+
+def _broadcast_row_offsets(batch, lq, dtype, device):
+    """Output row offsets of broadcast q: sequence b owns rows [b*Lq, (b+1)*Lq) (built on the device, no sync).
+
+    One tensor per (batch, Lq, dtype, device), reused call after call: the kernels' schedule cache matches
+    offsets by identity, so a fresh tensor per call would rebuild the schedule every time (1.5-2 ms on the
+    H200, more than the pma-64 forward itself). Not stored while a CUDA graph is being captured or under
+    torch.compile (whose graph makes its own)."""
+    if torch.compiler.is_compiling():
+        return torch.arange(batch + 1, device=device, dtype=dtype) * lq
+    key = (batch, lq, dtype, device)
+    offsets = _ROW_OFFSETS.get(key)
+    if offsets is None:
+        offsets = torch.arange(batch + 1, device=device, dtype=dtype) * lq
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if len(_ROW_OFFSETS) >= 16:
+                _ROW_OFFSETS.pop(next(iter(_ROW_OFFSETS)))
+            _ROW_OFFSETS[key] = offsets
+    return offsets
 
 
 def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast):
