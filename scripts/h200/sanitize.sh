@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The backward A/B through `jfa bench` (provider jfa-hopper: the portable backward vs JFA_HOPPER_BWD=gluon, the
-# DRAFT Gluon passes), then compute-sanitizer memcheck and racecheck on a small case of every Hopper kernel,
+# The backward A/B through `jfa bench` (provider jfa-hopper: JFA_HOPPER_BWD=triton, the portable backward, vs
+# the Gluon passes), then compute-sanitizer memcheck and racecheck on a small case of every Hopper kernel,
 # each step under a time limit.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 [ -d .venv ] || bash scripts/setup_venv.sh > $OUT/setup.log 2>&1
 PY=.venv/bin/python
 W=self-skewed-8k,causal-skewed-4k,gqa-uniform-2k,pma-64
-timeout 90 $PY -m jfa bench --only $W --providers jfa-hopper --out $OUT/bwd-triton 2>&1 | tail -7
-JFA_HOPPER_BWD=gluon timeout 90 $PY -m jfa bench --only $W --providers jfa-hopper --out $OUT/bwd-gluon 2>&1 | tail -7
+JFA_HOPPER_BWD=triton timeout 90 $PY -m jfa bench --only $W --providers jfa-hopper --out $OUT/bwd-triton 2>&1 | tail -7
+timeout 90 $PY -m jfa bench --only $W --providers jfa-hopper --out $OUT/bwd-gluon 2>&1 | tail -7
 cat > /tmp/small.py <<'PYEOF'
 import torch
 from jfa.testing import compare, make_case, run_backend
@@ -18,7 +18,7 @@ for d in (64, 128):
     print(d, compare(c, out, lse, grads) or "ok")
 PYEOF
 for tool in memcheck racecheck; do
-  JFA_HOPPER_BWD=gluon timeout 150 compute-sanitizer --tool $tool --print-limit 20 $PY /tmp/small.py 2>&1 \
+  timeout 150 compute-sanitizer --tool $tool --print-limit 20 $PY /tmp/small.py 2>&1 \
     | tee $OUT/sanitizer-$tool.txt | tail -8
   echo "== $tool rc ${PIPESTATUS[0]}"
 done

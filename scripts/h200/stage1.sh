@@ -7,8 +7,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
 PY=.venv/bin/python
 $PY -m jfa info 2>&1 | tee $OUT/info.txt
-# 4 workers; the kernel variants and the DRAFT backward have their own scripts (verify_hopper.sh, next_session.sh)
-timeout 300 $PY -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/ -k "not variants and not draft" 2>&1 \
+# 4 workers; the forward variants have their own run (verify_hopper.sh)
+timeout 300 $PY -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/ -k "not variants" 2>&1 \
   | tee $OUT/test-gpu.log | grep -v "^  \|^$\|Warn" | tail -25
 pkill -9 -f pytest 2>/dev/null
 timeout 120 $PY -m jfa check 2>&1 | tee $OUT/check.txt | tail -25
