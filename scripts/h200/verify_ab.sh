@@ -5,9 +5,7 @@
 # stage2.sh A and B follow at once (the machine stays warm ~30 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/fa4 && cp .fa4/part1/* /tmp/fa4/ 2>/dev/null
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee $OUT/nvidia-smi.txt
-bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
+bash scripts/h200/fa4_half1.sh > /dev/null || exit 1  # FA4's first half into /tmp/fa4, set-up, device info
 PY=.venv/bin/python
 step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|benchmarks/ab_forward.py" 2>/dev/null;
          sleep 1; echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
