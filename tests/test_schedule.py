@@ -52,6 +52,25 @@ def test_every_item_exactly_once_and_heaviest_first_per_sm():
         assert torch.all(costs[:-1] >= costs[1:])  # heaviest first within each SM
 
 
+@pytest.mark.parametrize("n,num_sms", [(0, 5), (3, 5), (5, 5), (7, 5), (12, 5), (23, 4), (1000, 132)])
+def test_items_are_dealt_in_a_zigzag(n, num_sms):
+    """The item of rank r sits on SM zigzag(r) (0..S-1 on even rounds, S-1..0 on odd ones), after the ones of
+    lower rank on that SM: the deal written out item by item, against build's closed form."""
+    cost = torch.randint(0, 9, (n,), generator=torch.Generator().manual_seed(n))
+    qo = offsets_of([128] * n)  # one 128-row tile per sequence, one head: item id = sequence
+    ko = offsets_of([int(c) * 16 for c in cost])  # cost = key blocks of 16
+    sched = schedule.build(qo, ko, 128 * n, 1, 128, 16, -1, -1, num_sms)
+    full = sched.cost.tolist()  # the tile table's spare capacity: cost -1, dealt last, marked -1
+    assert full[:n] == cost.tolist() and all(c == -1 for c in full[n:])
+    ranked = sorted(range(len(full)), key=lambda i: -full[i])  # stable: ties keep the lower id first
+    per_sm = [[] for _ in range(num_sms)]
+    for r, item in enumerate(ranked):
+        rnd, i = divmod(r, num_sms)
+        per_sm[i if rnd % 2 == 0 else num_sms - 1 - i].append(item if full[item] >= 0 else -1)
+    start = sched.sm_start.tolist()
+    assert [sched.order[start[s]:start[s + 1]].tolist() for s in range(num_sms)] == per_sm
+
+
 SKEWED = ["self-skewed-8k", "causal-skewed-4k", "pma-256"]
 
 
