@@ -107,3 +107,16 @@ def test_hopper_backward_is_deterministic(bwd, monkeypatch):
         again = run_backend(case, "hopper")
         for a, b in zip((first[0], first[1]) + tuple(first[2]), (again[0], again[1]) + tuple(again[2])):
             assert torch.equal(a, b), f"{mode}: results differ between two identical runs"
+
+
+def test_hopper_backward_reuses_the_forward_schedule():
+    """At D=128 the dQ pass runs on the forward's schedule (same cache entry): a forward and backward build two
+    schedules (forward/dQ, dK/dV), not three; a second step on the same offsets builds none."""
+    import jfa.hopper
+    case = _case("causal", 128)
+    jfa.hopper.SCHEDULES.entries.clear()
+    run_backend(case, "hopper")
+    assert len(jfa.hopper.SCHEDULES.entries) == 2
+    before = list(jfa.hopper.SCHEDULES.entries.values())
+    run_backend(case, "hopper")
+    assert [e[3] for e in jfa.hopper.SCHEDULES.entries.values()] == [e[3] for e in before]

@@ -171,6 +171,10 @@ def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets,
 
 BLOCK_N = {64: 128, 128: 64}  # keys per block (registers: S and dP are [64, BLOCK_N] fp32 each)
 STAGES = 3
+# Items are costed in key blocks of 128 whatever BLOCK_N is (the cost only balances the SMs; the kernel
+# computes its own key ranges): at D=128 the forward's default schedule has these very parameters, so the
+# backward finds it in the cache instead of building another (1.5-2 ms on the H200, docs/perf-notes.md).
+SCHEDULE_BLOCK_N = 128
 
 
 def descriptors(q, dout, k, v, block_n: int):
@@ -185,8 +189,8 @@ def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right
     from . import SCHEDULES  # the hopper backend's schedule cache: one build per offsets, not per call
     block_n = BLOCK_N[q.shape[2]]
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    sched = SCHEDULES.get(q_offsets, kv_offsets, dq.shape[0], q.shape[1], 2 * WG_ROWS.value, block_n, left, right,
-                          num_sms)
+    sched = SCHEDULES.get(q_offsets, kv_offsets, dq.shape[0], q.shape[1], 2 * WG_ROWS.value, SCHEDULE_BLOCK_N, left,
+                          right, num_sms)
     q, dout, k, v = aligned(q, dout, k, v)
     lk, rk = kernel_window(left, right)
     hopper_dq_kernel[(num_sms, )](
