@@ -56,7 +56,8 @@ rows = []
 for d in (64, 128):
     for r in (compile_fwd(d, torch.bfloat16), compile_fwd(d, torch.bfloat16, variant="prefetch"),
               compile_fwd(d, torch.bfloat16, broadcast=True, variant="pairs"),
-              compile_dkdv(d, torch.bfloat16), compile_dq(d, torch.bfloat16, True)):
+              compile_dkdv(d, torch.bfloat16), compile_dkdv(d, torch.bfloat16, variant="peel"),
+              compile_dq(d, torch.bfloat16, True)):
         rows.append(dict(kernel=r.kernel, d=d, wgmma=r.wgmma, tma=r.ptx.count("cp.async.bulk.tensor"),
                          regs=r.registers, spill=r.spill_bytes, setmaxnreg=r.ptx.count("setmaxnreg"),
                          producer_ok=producer_loop_bounds_are_per_item(r.ttgir)))
@@ -75,3 +76,4 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0 and r["regs"] <= 255, r
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"
         assert r["producer_ok"], f"{r}: the TMA producer's K/V loop bounds are not recomputed per item"
+

@@ -95,6 +95,21 @@ def test_hopper_backward_gluon(mode, d):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("variant", ["peel", "serial", "serial-peel"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_backward_variants(mode, d, variant):
+    """Every configuration of the Gluon dK/dV pass (jfa.hopper.bwd.VARIANTS) against the reference."""
+    from jfa.hopper import bwd, fwd
+    case = _case(mode, d)
+    out, lse = fwd.forward(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
+                           case.right, case.broadcast)
+    grads = bwd.backward(case.dout, None, case.q, case.k, case.v, out, lse, case.q_offsets, case.kv_offsets,
+                         case.scale, case.left, case.right, case.broadcast, cfg=bwd.config(d, variant))
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("bwd", ["triton", "gluon"])
 def test_hopper_backward_is_deterministic(bwd, monkeypatch):
     """Same inputs, same bits, run to run (no atomics anywhere): the portable backward behind the hopper

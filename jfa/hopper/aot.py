@@ -66,13 +66,13 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None
                     **cfg.launch_options())
 
 
-def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
+def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None) -> Report:
     """The dK/dV kernel (jfa.hopper.bwd)."""
+    cfg = bwd.config(head_dim, variant)
     x = _host_tensor(head_dim, dtype)
-    block_m = bwd.BLOCK_M[head_dim]
-    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, block_m)))
-    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=bwd.STAGES, BROADCAST=broadcast,
-                      num_warps=4)
+    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, cfg.block_m)))
+    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, STAGES=bwd.STAGES, BROADCAST=broadcast,
+                      PEEL=cfg.peel, SERIAL=cfg.serial, num_warps=4)
     types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
     return _compile("hopper_dkdv", bwd.hopper_dkdv_kernel, descs, constexprs, types, head_dim, dtype)

@@ -17,7 +17,9 @@ query blocks that see the tile (jfa.schedule with the roles of q and kv swapped)
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -87,22 +89,106 @@ def _load_partition(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_
 
 
 @gluon.jit
-def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
-                    DK, DV, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt, stride_dkh,
-                    stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT,
-                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr):
+def _full_blocks(lo, n_blocks, k0, q_len, shift, LEFT, RIGHT, BLOCK_M: gl.constexpr):
+    """-> [j_lo, j_hi): the query blocks j (rows lo + j*BLOCK_M, ...) that need no mask for the keys
+    [k0, k0 + KEYS_PER_WG): every row exists and sees every key (the `full` test of _dkdv_block, solved for j)."""
+    # the last row exists: m0 <= q_len - BLOCK_M; it sees the first key: m0 <= k0 - BLOCK_M + 1 - shift + LEFT
+    top = gl.minimum(q_len - BLOCK_M, k0 - BLOCK_M + 1 - shift + LEFT) - lo
+    j_hi = gl.where(top >= 0, top // BLOCK_M + 1, 0)
+    # the first row sees the last key: m0 >= k0 + KEYS_PER_WG - 1 - shift - RIGHT
+    bottom = k0 + KEYS_PER_WG - 1 - shift - RIGHT - lo
+    j_lo = gl.where(bottom > 0, (bottom + BLOCK_M - 1) // BLOCK_M, 0)
+    j_lo = gl.minimum(j_lo, n_blocks)
+    return j_lo, gl.maximum(gl.minimum(j_hi, n_blocks), j_lo)
+
+
+@gluon.jit
+def _dkdv_block(m0, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, i_h, stride_lh,
+                q_start, q_len, k0, offs_n, shift, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, SERIAL: gl.constexpr):
+    """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q.
+    MASK: 0 = the block needs no mask (a peeled bulk block), 1 = always masked, 2 = tested at run time.
+    SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers: 64-row blocks at D=128); else
+    S^T and dP^T are issued together (more overlap, more registers)."""
     dtype: gl.constexpr = q_smem.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
+    st_zero = gl.full([KEYS_PER_WG, BLOCK_M], 0.0, gl.float32, layout=st_layout)
+    slot = it % STAGES
+    mbarrier.wait(qdo_ready.index(slot), (it // STAGES) & 1)
+    q_buf = q_smem.index(slot)
+    do_buf = do_smem.index(slot)
+    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if not SERIAL:
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=q_cols)
+    in_q = offs_m < q_len
+    lse2 = gl.load(LSE + i_h * stride_lh + q_start + offs_m, mask=in_q, other=0.0) * LOG2E
+    if not SERIAL:
+        delta = gl.load(DELTA + i_h * stride_lh + q_start + offs_m, mask=in_q, other=0.0)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+    else:
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    if MASK == 2:
+        # the block needs the mask unless all its queries exist and see all this warpgroup's keys
+        full = ((m0 + BLOCK_M <= q_len) & (k0 >= m0 + BLOCK_M - 1 + shift - LEFT)
+                & (k0 + KEYS_PER_WG - 1 <= m0 + shift + RIGHT))
+        if not full:
+            i_shift = gl.expand_dims(offs_m + shift, 0)
+            key = gl.expand_dims(offs_n, 1)
+            vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
+            pt = gl.where(vis, pt, 0.0)
+    if MASK == 1:
+        i_shift = gl.expand_dims(offs_m + shift, 0)
+        key = gl.expand_dims(offs_n, 1)
+        vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
+        pt = gl.where(vis, pt, 0.0)
+    if SERIAL:
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        delta = gl.load(DELTA + i_h * stride_lh + q_start + offs_m, mask=in_q, other=0.0)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
+        dv = done[0]
+        dst = pt * (done[1] - gl.expand_dims(delta, 0))
+        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dst_op))[0]
+    else:
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, dst_op))
+        dv = done[0]
+        dk = done[1]
+    mbarrier.arrive(qdo_empty.index(slot), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
+                    DK, DV, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt, stride_dkh,
+                    stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT,
+                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, PEEL: gl.constexpr, SERIAL: gl.constexpr):
+    """PEEL: each item's query blocks run as three loops (masked head, mask-free bulk, masked tail) instead of
+    one loop that tests every block."""
+    dtype: gl.constexpr = q_smem.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
     acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
     acc_cols: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    st_zero = gl.full([KEYS_PER_WG, BLOCK_M], 0.0, gl.float32, layout=st_layout)
     k_buf = k_smem.index(WG)
     v_buf = v_smem.index(WG)
 
@@ -120,41 +206,32 @@ def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_ready,
             dv = gl.full([KEYS_PER_WG, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             n_blocks = gl.maximum(gl.cdiv(hi - lo, BLOCK_M), 0)
             mbarrier.wait(kv_ready.index(WG), t & 1)
+            if PEEL:
+                j_lo, j_hi = _full_blocks(lo, n_blocks, k0, q_len, shift, LEFT, RIGHT, BLOCK_M)
             for g in range(GROUP):
                 i_h = i_hk * GROUP + g
-                for j in range(0, n_blocks):
-                    m0 = lo + j * BLOCK_M
-                    slot = it % STAGES
-                    mbarrier.wait(qdo_ready.index(slot), (it // STAGES) & 1)
-                    q_buf = q_smem.index(slot)
-                    do_buf = do_smem.index(slot)
-                    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-                    dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-                    offs_m = m0 + gl.arange(0, BLOCK_M, layout=q_cols)
-                    in_q = offs_m < q_len
-                    lse2 = gl.load(LSE + i_h * stride_lh + q_start + offs_m, mask=in_q, other=0.0) * LOG2E
-                    delta = gl.load(DELTA + i_h * stride_lh + q_start + offs_m, mask=in_q, other=0.0)
-                    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-                    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-                    # a block needs the mask unless all its queries exist and see all this warpgroup's keys
-                    full = ((m0 + BLOCK_M <= q_len) & (k0 >= m0 + BLOCK_M - 1 + shift - LEFT)
-                            & (k0 + KEYS_PER_WG - 1 <= m0 + shift + RIGHT))
-                    if not full:
-                        i_shift = gl.expand_dims(offs_m + shift, 0)
-                        key = gl.expand_dims(offs_n, 1)
-                        vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
-                        pt = gl.where(vis, pt, 0.0)
-                    dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
-                    dst = pt * (dpt - gl.expand_dims(delta, 0))
-                    pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-                    dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-                    dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
-                    dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
-                    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, dst_op))
-                    dv = done[0]
-                    dk = done[1]
-                    mbarrier.arrive(qdo_empty.index(slot), count=1)
-                    it += 1
+                if PEEL:
+                    for j in range(0, j_lo):
+                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
+                                             qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
+                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 1, SERIAL)
+                        it += 1
+                    for j in range(j_lo, j_hi):
+                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
+                                             qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
+                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 0, SERIAL)
+                        it += 1
+                    for j in range(j_hi, n_blocks):
+                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
+                                             qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
+                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 1, SERIAL)
+                        it += 1
+                else:
+                    for j in range(0, n_blocks):
+                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
+                                             qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
+                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 2, SERIAL)
+                        it += 1
             mbarrier.arrive(kv_empty, count=1)  # K/V read for the last time: the producer may load the next
             t += 1
             rows = k0 + gl.arange(0, KEYS_PER_WG, layout=acc_rows)
@@ -170,7 +247,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, LSE, DELTA, q_of
                        sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv,
                        scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                        BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       PEEL: gl.constexpr, SERIAL: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_N: gl.constexpr = 2 * KEYS_PER_WG
     dtype: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dtype, [2, KEYS_PER_WG, HEAD_DIM], k_desc.layout)
@@ -191,11 +268,11 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, LSE, DELTA, q_of
         (_dkdv_partition, (0, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, DK, DV,
                            LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt, stride_dkh,
                            stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT,
-                           GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+                           GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, SERIAL)),
         (_dkdv_partition, (1, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, DK, DV,
                            LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt, stride_dkh,
                            stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT,
-                           GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)),
+                           GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, SERIAL)),
         (_load_partition, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty,
                            qdo_ready, qdo_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity,
                            heads_kv, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST)),
@@ -208,33 +285,51 @@ def descriptors(q, dout, k, v, block_m: int):
     return tma_descriptor(q, block_m), tma_descriptor(dout, block_m), tma_descriptor(k, rows), tma_descriptor(v, rows)
 
 
-BLOCK_M = {64: 64, 128: 32}  # query rows per block: at D=128, 64 rows spill (ptxas: 836 B at 240 registers)
+@dataclass(frozen=True)
+class Config:
+    block_m: int  # query rows per (Q, dO) block
+    peel: bool = False  # masked head / mask-free bulk / masked tail loops instead of a test per block
+    serial: bool = False  # S^T, dV, dP^T, dK one after another (fewer live registers)
+
+
+VARIANTS = {  # name -> head dim -> Config; A/B'd by benchmarks/ab_backward.py
+    # at D=128, 64-row blocks with S^T and dP^T in flight together spill (ptxas: 836 B at 240 registers)
+    "m32": {64: Config(64), 128: Config(32)},
+    "peel": {64: Config(64, peel=True), 128: Config(32, peel=True)},
+    "serial": {64: Config(64, serial=True), 128: Config(64, serial=True)},
+    "serial-peel": {64: Config(64, peel=True, serial=True), 128: Config(64, peel=True, serial=True)},
+}
+DEFAULT = "m32"  # the one run on the H200 so far (docs/perf-notes.md)
 STAGES = 3
 
 
-def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv):
+def config(head_dim: int, variant: str | None = None) -> Config:
+    return VARIANTS[variant or DEFAULT][head_dim]
+
+
+def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv, cfg=None):
     """The dK/dV pass into dk, dv, as jfa.triton.launch.bwd_dkdv (k has rows; D 64/128; bf16/fp16)."""
     from ..jagged import kernel_window
     from . import SCHEDULES  # the hopper backend's schedule cache: one build per offsets, not per call
+    cfg = cfg or config(q.shape[2])
     block_n = 2 * KEYS_PER_WG.value
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     # items are key tiles: the schedule with the roles of q and kv swapped (and the window mirrored)
-    block_m = BLOCK_M[q.shape[2]]
-    sched = SCHEDULES.get(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, block_m, right, left, num_sms)
+    sched = SCHEDULES.get(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, cfg.block_m, right, left, num_sms)
     q, dout, k, v = aligned(q, dout, k, v)
-    descs = descriptors(q, dout, k, v, block_m)
+    descs = descriptors(q, dout, k, v, cfg.block_m)
     lk, rk = kernel_window(left, right)
     hopper_dkdv_kernel[(num_sms, )](
         *descs, dk, dv, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1],
         scale, scale * math.log2(math.e), lk, rk, GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2],
-        BLOCK_M=block_m, STAGES=STAGES, BROADCAST=broadcast, num_warps=4)
+        BLOCK_M=cfg.block_m, STAGES=STAGES, BROADCAST=broadcast, PEEL=cfg.peel, SERIAL=cfg.serial, num_warps=4)
 
 
-def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
+def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast, cfg=None):
     """-> (dq, dk, dv): the portable backward's steps (Delta, the broadcast dq sum) with the Gluon dK/dV and
-    dQ passes (jfa.hopper.bwd_dq) plugged in."""
+    dQ passes (jfa.hopper.bwd_dq) plugged in. cfg: the dK/dV pass's Config (default: config(D))."""
     from ..triton import launch
     from .bwd_dq import dq_pass
     return launch.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-                           dkdv=dkdv, dq_pass=dq_pass)
+                           dkdv=functools.partial(dkdv, cfg=cfg), dq_pass=dq_pass)
