@@ -48,6 +48,31 @@ def key_block_counts(q_offsets, kv_offsets, tiles, block_m: int, block_n: int, l
     return torch.where(valid, count, torch.full_like(count, -1))
 
 
+def tiles_and_costs(q_offsets, kv_offsets, rows: int, block_m: int, block_n: int, left: int, right: int,
+                    fused: bool | None = None):
+    """(jagged.tile_table, key_block_counts as int32) of one call. fused (default: on CUDA): computed by one
+    Triton kernel (jfa.triton.kernels.tiles) instead of the spec's ~80 small torch ops."""
+    if fused is None:
+        fused = q_offsets.is_cuda
+    batch = q_offsets.numel() - 1
+    capacity = rows // block_m + batch
+    if not fused or batch <= 0 or capacity == 0:
+        tiles = tile_table(q_offsets, block_m, rows)
+        return tiles, key_block_counts(q_offsets, kv_offsets, tiles, block_m, block_n, left, right).to(torch.int32)
+    from .jagged import kernel_window
+    from .triton.launch import kernels_for
+    lens = q_offsets[1:] - q_offsets[:-1]
+    tile_ends = torch.cumsum((lens + block_m - 1) // block_m, 0, dtype=torch.int32)
+    tiles = torch.empty(2, capacity, dtype=torch.int32, device=q_offsets.device)
+    costs = torch.empty(capacity, dtype=torch.int32, device=q_offsets.device)
+    block = 256
+    lk, rk = kernel_window(left, right)
+    kernels_for(q_offsets.device).tile_table_kernel[(-(-capacity // block), )](
+        q_offsets, kv_offsets, tile_ends, tiles, costs, batch, capacity, lk, rk, BLOCK_M=block_m, BLOCK_N=block_n,
+        SEARCH_STEPS=batch.bit_length() + 1, BLOCK=block)
+    return tiles, costs
+
+
 def zigzag_sm(rank: torch.Tensor, num_sms: int) -> torch.Tensor:
     """SM of the item at position `rank` of the heaviest-first order."""
     r, i = rank // num_sms, rank % num_sms
@@ -68,8 +93,7 @@ def zigzag_sm_start(n: int, num_sms: int, device) -> torch.Tensor:
 def build(q_offsets, kv_offsets, rows: int, heads: int, block_m: int, block_n: int, left: int, right: int,
           num_sms: int) -> Schedule:
     """The schedule of one attention call (see module doc). rows = query rows (B*Lq in broadcast mode)."""
-    tiles = tile_table(q_offsets, block_m, rows)
-    per_tile = key_block_counts(q_offsets, kv_offsets, tiles, block_m, block_n, left, right)
+    tiles, per_tile = tiles_and_costs(q_offsets, kv_offsets, rows, block_m, block_n, left, right)
     cost = per_tile.repeat_interleave(heads)  # item id = tile * heads + head
     n = cost.numel()
     ranked = torch.sort(cost, descending=True, stable=True).indices  # heaviest first; unused (-1) last
@@ -78,7 +102,7 @@ def build(q_offsets, kv_offsets, rows: int, heads: int, block_m: int, block_n: i
     sm_start = zigzag_sm_start(n, num_sms, cost.device)
     order = torch.empty_like(ranked)
     order[sm_start[zigzag_sm(rank, num_sms)] + rank // num_sms] = torch.where(cost[ranked] >= 0, ranked, -1)
-    return Schedule(tiles, order.to(torch.int32), sm_start.to(torch.int32), cost.to(torch.int32), heads)
+    return Schedule(tiles, order.to(torch.int32), sm_start.to(torch.int32), cost, heads)
 
 
 def sm_loads(schedule: Schedule, num_sms: int) -> torch.Tensor:

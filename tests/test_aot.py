@@ -77,3 +77,24 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"
         assert r["producer_ok"], f"{r}: the TMA producer's K/V loop bounds are not recomputed per item"
 
+
+def test_tile_table_kernel_compiles_for_sm90():
+    """The schedules' one-kernel bookkeeping (run by the interpreter in tests/test_schedule.py) also builds for
+    the GPU: the interpreter accepts code that the compiler rejects."""
+    script = r"""
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from jfa.triton.kernels import tile_table_kernel as fn
+consts = dict(BLOCK_M=128, BLOCK_N=128, SEARCH_STEPS=10, BLOCK=256)
+for offsets in ("*i32", "*i64"):
+    sig = {a: "constexpr" if a in consts else offsets if a.endswith("offsets") else "*i32"
+           if a in ("tile_ends", "tiles", "costs") else "i32" for a in fn.arg_names}
+    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    print(offsets, ptx.count("st.global"))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stores = [int(line.split()[1]) for line in res.stdout.strip().splitlines()[-2:]]
+    assert len(stores) == 2 and all(n > 0 for n in stores), res.stdout

@@ -36,6 +36,26 @@ def test_key_block_counts_match_brute_force(name, block_m, block_n):
         assert int(got[t]) == len(blocks_seen), (b, m)
 
 
+@pytest.mark.parametrize("name", list(CASES) + ["broadcast", "empty-sequences", "one-sequence"])
+@pytest.mark.parametrize("block_m,block_n", [(64, 32), (128, 128), (32, 64)])
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_fused_tile_table_and_costs_match_the_spec(name, block_m, block_n, offsets_dtype):
+    """The one-kernel bookkeeping (Triton; the interpreter here) gives the torch spec's table and counts."""
+    if name == "broadcast":  # 3 rows of q against each of 5 kv sequences: row offsets b * 3
+        qo, ko = torch.arange(6) * 3, offsets_of([0, 1, 65, 300, 7])
+        rows, window = 15, (-1, 0)
+    else:
+        q_lens, kv_lens, causal, window = CASES.get(name, ([0, 0, 5, 0], None, False, (-1, -1)) if name ==
+                                                    "empty-sequences" else ([129], [200], True, (-1, -1)))
+        qo, ko = offsets_of(q_lens), offsets_of(kv_lens or q_lens)
+        rows, window = int(qo[-1]), resolve_window(causal, window)
+    qo, ko = qo.to(offsets_dtype), ko.to(offsets_dtype)
+    want = schedule.tiles_and_costs(qo, ko, rows, block_m, block_n, *window, fused=False)
+    got = schedule.tiles_and_costs(qo, ko, rows, block_m, block_n, *window, fused=True)
+    assert got[0].tolist() == want[0].tolist()
+    assert got[1].tolist() == want[1].tolist()
+
+
 def test_every_item_exactly_once_and_heaviest_first_per_sm():
     lens = [0, 1, 63, 65, 129, 1000, 4000, 17]
     qo = offsets_of(lens)

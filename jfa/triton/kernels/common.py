@@ -26,6 +26,16 @@ def sequence_bounds(q_offsets, kv_offsets, seq):
 
 
 @triton.jit
+def key_range(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys [lo, hi) seen by queries [m0, m0 + BLOCK_M), lo aligned down to BLOCK_N (scalars or vectors)."""
+    shift = kv_len - q_len
+    m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
+    lo = (tl.maximum(m0 + shift - LEFT, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(m_last + shift + RIGHT + 1, kv_len)
+    return lo, hi
+
+
+@triton.jit
 def key_blocks(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key ranges seen by queries [m0, m0 + BLOCK_M): (lo, full_lo, full_hi, hi).
 
@@ -34,9 +44,7 @@ def key_blocks(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: t
     """
     shift = kv_len - q_len
     m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
-    lo = tl.maximum(m0 + shift - LEFT, 0)
-    hi = tl.minimum(m_last + shift + RIGHT + 1, kv_len)
-    lo = (lo // BLOCK_N) * BLOCK_N
+    lo, hi = key_range(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     full_lo = tl.maximum(tl.cdiv(m_last + shift - LEFT, BLOCK_N) * BLOCK_N, lo)
     full_hi = (tl.minimum(m0 + shift + RIGHT + 1, kv_len) // BLOCK_N) * BLOCK_N
     if full_hi < full_lo:  # no full block: everything goes through the masked loop
