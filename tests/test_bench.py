@@ -125,6 +125,22 @@ def test_inputs_and_prefix():
     assert runner.gate_prefix(inp, budget=1 << 20) == 3
 
 
+def test_new_offsets_cost_is_the_extra_time_of_fresh_offsets():
+    """jfa's "new offsets" column: the forward's extra wall time when its offsets are new tensors (a schedule
+    build on the hopper backend), measured here on a call that takes 30 ms longer for unseen offsets."""
+    import time
+
+    from jfa.bench.providers import _new_offsets_ms
+    w = suite.Workload("t", "self", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16,
+                       lengths=(9, 2))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+
+    def call(q_offsets, kv_offsets):
+        time.sleep(0.03 if q_offsets is not inp.q_offsets else 0.0)
+    assert 25 <= _new_offsets_ms(call, inp, reps=3) <= 60
+    assert _new_offsets_ms(lambda qo, ko: None, inp, reps=3) < 5
+
+
 class WrongScale(Provider):
     """A peer that gets the softmax scale wrong (1.25x): the gate must reject it."""
     name = "wrong-scale"
@@ -209,7 +225,8 @@ def test_report_and_plots_from_fixture(tmp_path):
     assert "1.13" in md  # jfa fwd 400 over fa4 354 on self-uniform-1k
     assert json.loads((tmp_path / "results.json").read_text()) == data
     table = report.terminal_table(data["workloads"][0])
-    assert "jfa-triton" in table and "mask build 3.2 ms" in table
+    assert "jfa-triton" in table and "mask build 3.2 ms" in table and "new offsets +0.42 ms" in table
+    assert "new offsets +0.42 ms" in md
 
 
 def test_report_with_missing_numbers(tmp_path):

@@ -98,7 +98,9 @@ def workload_rows(w: dict) -> list[list[str]]:
                      _fmt(r.get("bwd_tflops")), _fmt(r.get("peak_mb"), 0),
                      {True: "yes", False: "NO", None: "-"}[r.get("correct")],
                      provider_status(r) if provider_status(r) != "ok" else (r.get("note") or "")
-                     + (f" mask build {r['build_ms']:.1f} ms" if r.get("build_ms") is not None else "")])
+                     + (f" mask build {r['build_ms']:.1f} ms" if r.get("build_ms") is not None else "")
+                     + (f" new offsets +{r['new_offsets_ms']:.2f} ms" if r.get("new_offsets_ms") is not None
+                        else "")])
     return rows
 
 
