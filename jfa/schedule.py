@@ -9,6 +9,7 @@ Unused capacity (tiles of the jagged tile table's padding) has cost -1, sorts la
 """
 from __future__ import annotations
 
+import os
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -48,12 +49,17 @@ def key_block_counts(q_offsets, kv_offsets, tiles, block_m: int, block_n: int, l
     return torch.where(valid, count, torch.full_like(count, -1))
 
 
+# The one-kernel bookkeeping on CUDA: checked against the spec in Triton's interpreter and compiled for sm_90,
+# but not yet run on a GPU, so off by default until its first H200 run (JFA_FUSED_SCHEDULE=1 turns it on).
+FUSED_ON_CUDA = os.environ.get("JFA_FUSED_SCHEDULE", "0") == "1"
+
+
 def tiles_and_costs(q_offsets, kv_offsets, rows: int, block_m: int, block_n: int, left: int, right: int,
                     fused: bool | None = None):
-    """(jagged.tile_table, key_block_counts as int32) of one call. fused (default: on CUDA): computed by one
-    Triton kernel (jfa.triton.kernels.tiles) instead of the spec's ~80 small torch ops."""
+    """(jagged.tile_table, key_block_counts as int32) of one call. fused (default: on CUDA when FUSED_ON_CUDA):
+    computed by one Triton kernel (jfa.triton.kernels.tiles) instead of the spec's ~80 small torch ops."""
     if fused is None:
-        fused = q_offsets.is_cuda
+        fused = q_offsets.is_cuda and FUSED_ON_CUDA
     batch = q_offsets.numel() - 1
     capacity = rows // block_m + batch
     if not fused or batch <= 0 or capacity == 0:

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Next H200 session, call 1 (~8 min), every step under its own time limit (a deadlock shows as a timeout):
-#   1. GPU tests of what changed after session 4's runs: the schedule's closed-form deal (every hopper backend
-#      test goes through it), the dQ pass on the forward's schedule, the dK/dV variants (peel, serial,
-#      serial-peel) in every mode;
+#   1. GPU tests of what changed after session 4's runs: the schedule's closed-form deal and its one-kernel
+#      bookkeeping (JFA_FUSED_SCHEDULE=1; every hopper test and the CUDA-graph tests go through them; if
+#      green, make it the default in jfa/schedule.py), the dQ pass on the forward's schedule, the dK/dV
+#      variants (peel, serial, serial-peel) in every mode;
 #   2. the backward A/B of the dK/dV variants and the portable backward (benchmarks/ab_backward.py).
-# Call 2: benchmarks/ab_forward.py (now timed with cached schedules) and, if a variant wins, the bench.
+# Call 2: benchmarks/ab_forward.py (now timed with cached schedules) and, if a variant wins, the bench (its
+# "new offsets" note, with and without JFA_FUSED_SCHEDULE=1, measures the schedule build).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
@@ -12,6 +14,7 @@ PY=.venv/bin/python
 step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|benchmarks/ab_" 2>/dev/null;
          sleep 1; echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
 T="-q -p no:cacheprovider -m gpu -n 4"
-step 240 $PY -m pytest $T tests/test_hopper.py -k "not forward_variants" > $OUT/tests.txt 2>&1
+step 240 env JFA_FUSED_SCHEDULE=1 $PY -m pytest $T tests/test_hopper.py tests/test_gpu.py -k "not forward_variants" \
+  > $OUT/tests.txt 2>&1
 grep -v "^  \|^$\|Warn" $OUT/tests.txt | tail -15
 step 240 $PY benchmarks/ab_backward.py > $OUT/ab_backward.txt 2>&1; tail -20 $OUT/ab_backward.txt
