@@ -152,6 +152,7 @@ def main(argv=None):
     if rank == 0:
         print(json.dumps(summary), flush=True)
     if world > 1:
+        dist.barrier()  # every rank done before any tears gloo down (else, under load, a rank can abort at exit)
         dist.destroy_process_group()
     return summary
 
