@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .jagged import tile_table
+from .jagged import kernel_window, lengths, tile_table
 
 
 @dataclass(frozen=True)
@@ -56,19 +56,17 @@ FUSED_ON_CUDA = os.environ.get("JFA_FUSED_SCHEDULE", "0") == "1"
 
 def tiles_and_costs(q_offsets, kv_offsets, rows: int, block_m: int, block_n: int, left: int, right: int,
                     fused: bool | None = None):
-    """(jagged.tile_table, key_block_counts as int32) of one call. fused (default: on CUDA when FUSED_ON_CUDA):
-    computed by one Triton kernel (jfa.triton.kernels.tiles) instead of the spec's ~80 small torch ops."""
+    """(jagged.tile_table, key_block_counts) of one call. fused (default: on CUDA when FUSED_ON_CUDA): computed
+    by one Triton kernel (jfa.triton.kernels.tiles; counts in int32) instead of the spec's ~80 small torch ops."""
     if fused is None:
         fused = q_offsets.is_cuda and FUSED_ON_CUDA
     batch = q_offsets.numel() - 1
     capacity = rows // block_m + batch
     if not fused or batch <= 0 or capacity == 0:
         tiles = tile_table(q_offsets, block_m, rows)
-        return tiles, key_block_counts(q_offsets, kv_offsets, tiles, block_m, block_n, left, right).to(torch.int32)
-    from .jagged import kernel_window
+        return tiles, key_block_counts(q_offsets, kv_offsets, tiles, block_m, block_n, left, right)
     from .triton.launch import kernels_for
-    lens = q_offsets[1:] - q_offsets[:-1]
-    tile_ends = torch.cumsum((lens + block_m - 1) // block_m, 0, dtype=torch.int32)
+    tile_ends = torch.cumsum((lengths(q_offsets) + block_m - 1) // block_m, 0, dtype=torch.int32)
     tiles = torch.empty(2, capacity, dtype=torch.int32, device=q_offsets.device)
     costs = torch.empty(capacity, dtype=torch.int32, device=q_offsets.device)
     block = 256
@@ -85,30 +83,23 @@ def zigzag_sm(rank: torch.Tensor, num_sms: int) -> torch.Tensor:
     return torch.where(r % 2 == 0, i, num_sms - 1 - i)
 
 
-def zigzag_sm_start(n: int, num_sms: int, device) -> torch.Tensor:
-    """First position of each SM's items when n items are dealt in a zigzag (int64 [num_sms + 1]).
-
-    Closed form, from shapes alone: every full round gives each SM one item; the last, partial round of
-    n % num_sms items goes to SMs 0.. (an even round) or ..num_sms-1 (an odd one)."""
-    full, rest = divmod(n, num_sms)
-    s = torch.arange(num_sms + 1, device=device)
-    extra = torch.clamp(s, max=rest) if full % 2 == 0 else torch.clamp(s - (num_sms - rest), min=0)
-    return s * full + extra
-
-
 def build(q_offsets, kv_offsets, rows: int, heads: int, block_m: int, block_n: int, left: int, right: int,
           num_sms: int) -> Schedule:
     """The schedule of one attention call (see module doc). rows = query rows (B*Lq in broadcast mode)."""
     tiles, per_tile = tiles_and_costs(q_offsets, kv_offsets, rows, block_m, block_n, left, right)
     cost = per_tile.repeat_interleave(heads)  # item id = tile * heads + head
     n = cost.numel()
+    device = cost.device
     ranked = torch.sort(cost, descending=True, stable=True).indices  # heaviest first; unused (-1) last
-    # The item of rank r goes to SM zigzag(r), as that SM's (r // num_sms)-th item: one scatter, no second sort.
-    rank = torch.arange(n, device=cost.device)
-    sm_start = zigzag_sm_start(n, num_sms, cost.device)
-    order = torch.empty_like(ranked)
-    order[sm_start[zigzag_sm(rank, num_sms)] + rank // num_sms] = torch.where(cost[ranked] >= 0, ranked, -1)
-    return Schedule(tiles, order.to(torch.int32), sm_start.to(torch.int32), cost, heads)
+    rank_of = torch.empty(n, dtype=torch.long, device=device)
+    rank_of[ranked] = torch.arange(n, device=device)
+    sm = zigzag_sm(rank_of, num_sms)
+    by_sm = torch.sort(sm * (n + 1) + rank_of).indices  # grouped by SM, heaviest first within each
+    counts = torch.zeros(num_sms, dtype=torch.long, device=device).scatter_add_(0, sm, torch.ones_like(sm))
+    sm_start = torch.zeros(num_sms + 1, dtype=torch.long, device=device)
+    sm_start[1:] = torch.cumsum(counts, 0)
+    order = torch.where(cost[by_sm] >= 0, by_sm, torch.full_like(by_sm, -1))
+    return Schedule(tiles, order.to(torch.int32), sm_start.to(torch.int32), cost.to(torch.int32), heads)
 
 
 def sm_loads(schedule: Schedule, num_sms: int) -> torch.Tensor:
