@@ -103,6 +103,15 @@ def _full_blocks(lo, n_blocks, k0, q_len, shift, LEFT, RIGHT, BLOCK_M: gl.conste
 
 
 @gluon.jit
+def _visible(pt, offs_m, in_q, offs_n, shift, LEFT, RIGHT):
+    """P^T with the pairs outside the window (or past the sequence's queries) zeroed."""
+    i_shift = gl.expand_dims(offs_m + shift, 0)
+    key = gl.expand_dims(offs_n, 1)
+    vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
+    return gl.where(vis, pt, 0.0)
+
+
+@gluon.jit
 def _dkdv_block(m0, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready, qdo_empty, LSE, DELTA, i_h, stride_lh,
                 q_start, q_len, k0, offs_n, shift, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, SERIAL: gl.constexpr):
@@ -139,15 +148,9 @@ def _dkdv_block(m0, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready, qdo_em
         full = ((m0 + BLOCK_M <= q_len) & (k0 >= m0 + BLOCK_M - 1 + shift - LEFT)
                 & (k0 + KEYS_PER_WG - 1 <= m0 + shift + RIGHT))
         if not full:
-            i_shift = gl.expand_dims(offs_m + shift, 0)
-            key = gl.expand_dims(offs_n, 1)
-            vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
-            pt = gl.where(vis, pt, 0.0)
+            pt = _visible(pt, offs_m, in_q, offs_n, shift, LEFT, RIGHT)
     if MASK == 1:
-        i_shift = gl.expand_dims(offs_m + shift, 0)
-        key = gl.expand_dims(offs_n, 1)
-        vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
-        pt = gl.where(vis, pt, 0.0)
+        pt = _visible(pt, offs_m, in_q, offs_n, shift, LEFT, RIGHT)
     if SERIAL:
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
@@ -206,31 +209,21 @@ def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, kv_ready,
             dv = gl.full([KEYS_PER_WG, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             n_blocks = gl.maximum(gl.cdiv(hi - lo, BLOCK_M), 0)
             mbarrier.wait(kv_ready.index(WG), t & 1)
-            if PEEL:
+            if PEEL:  # masked head [0, j_lo), mask-free bulk [j_lo, j_hi), masked tail [j_hi, n_blocks)
                 j_lo, j_hi = _full_blocks(lo, n_blocks, k0, q_len, shift, LEFT, RIGHT, BLOCK_M)
+            else:  # one loop over every block, each tested at run time
+                j_lo = n_blocks
+                j_hi = n_blocks
             for g in range(GROUP):
                 i_h = i_hk * GROUP + g
-                if PEEL:
-                    for j in range(0, j_lo):
+                for seg in gl.static_range(3 if PEEL else 1):
+                    begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
+                    end = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
+                    for j in range(begin, end):
                         dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
                                              qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
-                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 1, SERIAL)
-                        it += 1
-                    for j in range(j_lo, j_hi):
-                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
-                                             qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
-                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 0, SERIAL)
-                        it += 1
-                    for j in range(j_hi, n_blocks):
-                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
-                                             qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
-                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 1, SERIAL)
-                        it += 1
-                else:
-                    for j in range(0, n_blocks):
-                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, q_smem, do_smem, qdo_ready,
-                                             qdo_empty, LSE, DELTA, i_h, stride_lh, q_start, q_len, k0, offs_n, shift,
-                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES, 2, SERIAL)
+                                             qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES,
+                                             2 if not PEEL else (0 if seg == 1 else 1), SERIAL)  # MASK
                         it += 1
             mbarrier.arrive(kv_empty, count=1)  # K/V read for the last time: the producer may load the next
             t += 1
