@@ -49,9 +49,9 @@ def key_block_counts(q_offsets, kv_offsets, tiles, block_m: int, block_n: int, l
     return torch.where(valid, count, torch.full_like(count, -1))
 
 
-# The one-kernel bookkeeping on CUDA: checked against the spec in Triton's interpreter and compiled for sm_90,
-# but not yet run on a GPU, so off by default until its first H200 run (JFA_FUSED_SCHEDULE=1 turns it on).
-FUSED_ON_CUDA = os.environ.get("JFA_FUSED_SCHEDULE", "0") == "1"
+# The one-kernel bookkeeping on CUDA: checked against the spec in Triton's interpreter, and every GPU test of the
+# hopper backend passed through it on the H200 (docs/perf-notes.md). JFA_FUSED_SCHEDULE=0 goes back to the spec.
+FUSED_ON_CUDA = os.environ.get("JFA_FUSED_SCHEDULE", "1") == "1"
 
 
 def tiles_and_costs(q_offsets, kv_offsets, rows: int, block_m: int, block_n: int, left: int, right: int,
@@ -83,22 +83,29 @@ def zigzag_sm(rank: torch.Tensor, num_sms: int) -> torch.Tensor:
     return torch.where(r % 2 == 0, i, num_sms - 1 - i)
 
 
+def zigzag_sm_start(n: int, num_sms: int, device) -> torch.Tensor:
+    """First position of each SM's items when n items are dealt in a zigzag (int64 [num_sms + 1]).
+
+    Closed form, from shapes alone: every full round gives each SM one item; the last, partial round of
+    n % num_sms items goes to SMs 0.. (an even round) or ..num_sms-1 (an odd one)."""
+    full, rest = divmod(n, num_sms)
+    s = torch.arange(num_sms + 1, device=device)
+    extra = torch.clamp(s, max=rest) if full % 2 == 0 else torch.clamp(s - (num_sms - rest), min=0)
+    return s * full + extra
+
+
 def build(q_offsets, kv_offsets, rows: int, heads: int, block_m: int, block_n: int, left: int, right: int,
           num_sms: int) -> Schedule:
     """The schedule of one attention call (see module doc). rows = query rows (B*Lq in broadcast mode)."""
     tiles, per_tile = tiles_and_costs(q_offsets, kv_offsets, rows, block_m, block_n, left, right)
     cost = per_tile.repeat_interleave(heads)  # item id = tile * heads + head
     n = cost.numel()
-    device = cost.device
     ranked = torch.sort(cost, descending=True, stable=True).indices  # heaviest first; unused (-1) last
-    rank_of = torch.empty(n, dtype=torch.long, device=device)
-    rank_of[ranked] = torch.arange(n, device=device)
-    sm = zigzag_sm(rank_of, num_sms)
-    by_sm = torch.sort(sm * (n + 1) + rank_of).indices  # grouped by SM, heaviest first within each
-    counts = torch.zeros(num_sms, dtype=torch.long, device=device).scatter_add_(0, sm, torch.ones_like(sm))
-    sm_start = torch.zeros(num_sms + 1, dtype=torch.long, device=device)
-    sm_start[1:] = torch.cumsum(counts, 0)
-    order = torch.where(cost[by_sm] >= 0, by_sm, torch.full_like(by_sm, -1))
+    # The item of rank r goes to SM zigzag(r), as that SM's (r // num_sms)-th item: one scatter, no second sort.
+    rank = torch.arange(n, device=cost.device)
+    sm_start = zigzag_sm_start(n, num_sms, cost.device)
+    order = torch.empty_like(ranked)
+    order[sm_start[zigzag_sm(rank, num_sms)] + rank // num_sms] = torch.where(cost[ranked] >= 0, ranked, -1)
     return Schedule(tiles, order.to(torch.int32), sm_start.to(torch.int32), cost.to(torch.int32), heads)
 
 
