@@ -16,7 +16,7 @@ from .op import attention as _attention_op
 
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                     window=(-1, -1), scale=None, return_lse=False, backend="auto"):
+                     window=(-1, -1), scale=None, return_lse=False, backend="auto", deterministic=False):
     """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
 
     Args:
@@ -30,6 +30,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
         causal, window: the mask (see module doc). scale: defaults to ``1/sqrt(D)``.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]``.
         backend: "auto", "reference", "triton" or "hopper".
+        deterministic: the backward gives the same bits run to run (the hopper backend then computes dQ in a
+            pass of its own instead of adding it with atomics; the other backends always are).
     Returns:
         out ``[Tq, Hq, D]`` in q's dtype, or ``(out, lse)``.
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
@@ -37,7 +39,7 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     if nested.is_njt(q):  # NJT inputs: unwrap to packed + offsets, call back here, rewrap the output
         return nested.jagged_attention_njt(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len,
                                            max_kv_len=max_kv_len, causal=causal, window=window, scale=scale,
-                                           return_lse=return_lse, backend=backend)
+                                           return_lse=return_lse, backend=backend, deterministic=deterministic)
     q, k, v = checks.check_qkv(q, k, v)
     self_attention = kv_offsets is None
     kv_offsets = q_offsets if self_attention else kv_offsets
@@ -58,11 +60,12 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
         else:
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
             checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
-    return _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast=False)
+    return _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic,
+                broadcast=False)
 
 
 def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None,
-                        return_lse=False, backend="auto"):
+                        return_lse=False, backend="auto", deterministic=False):
     """One dense query block attended by every kv sequence of a jagged batch (PMA pooling).
 
     Args:
@@ -79,7 +82,8 @@ def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, w
         checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
     batch, lq = kv_offsets.numel() - 1, q.shape[0]
     q_offsets = _broadcast_row_offsets(batch, lq, kv_offsets.dtype, q.device)
-    out = _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast=True)
+    out = _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic,
+               broadcast=True)
     if return_lse:
         return out[0].view(batch, lq, q.shape[1], q.shape[2]), out[1]
     return out.view(batch, lq, q.shape[1], q.shape[2])
@@ -108,10 +112,12 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
     return offsets
 
 
-def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, broadcast):
+def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic, broadcast):
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
     scale = checks.check_scale(scale, q.shape[2])
     backend = select(backend, q.device, q.shape[2], q.dtype)
-    out, lse = _attention_op(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    out, lse = _attention_op(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
     return (out, lse) if return_lse else out

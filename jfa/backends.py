@@ -5,7 +5,9 @@
   hopper     sm_90 fast path (jfa.hopper): warp-specialized Gluon forward, D 64/128, bf16/fp16; "auto"'s
              pick where it applies
 A backend is a pair forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast) -> (out, lse)
-and backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast) -> grads.
+and backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
+deterministic=False) -> grads (deterministic: the same bits run to run; the reference and triton backends
+always are).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ def _reference_forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broad
                                broadcast=broadcast)
 
 
-def _reference_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
+def _reference_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
+                        deterministic=False):
     return reference.attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, scale=scale, left=left,
                                         right=right, broadcast=broadcast)
 

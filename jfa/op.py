@@ -13,8 +13,10 @@ from .backends import BACKENDS
 
 @torch.library.custom_op("jfa::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float,
-              window_left: int, window_right: int, broadcast: bool, backend: str) -> tuple[Tensor, Tensor]:
-    """-> (out [rows, Hq, D], lse [Hq, rows]); rows = Tq, or B * Lq in broadcast mode."""
+              window_left: int, window_right: int, broadcast: bool, backend: str,
+              deterministic: bool) -> tuple[Tensor, Tensor]:
+    """-> (out [rows, Hq, D], lse [Hq, rows]); rows = Tq, or B * Lq in broadcast mode. deterministic only
+    concerns the backward."""
     return BACKENDS[backend].forward(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast)
 
 
@@ -23,7 +25,7 @@ def _rows(q, kv_offsets, broadcast):
 
 
 @attention.register_fake
-def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend):
+def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend, deterministic):
     rows = _rows(q, kv_offsets, broadcast)
     return q.new_empty(rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], rows, dtype=torch.float32)
 
@@ -31,21 +33,23 @@ def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcas
 @torch.library.custom_op("jfa::attention_backward", mutates_args=())
 def attention_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                        lse: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float, window_left: int,
-                       window_right: int, broadcast: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+                       window_right: int, broadcast: bool, backend: str,
+                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     return BACKENDS[backend].backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left,
-                                      window_right, broadcast)
+                                      window_right, broadcast, deterministic=deterministic)
 
 
 @attention_backward.register_fake
-def _(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend):
+def _(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend,
+      deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend = inputs
+    q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
-    ctx.attrs = (scale, left, right, broadcast, backend)
+    ctx.attrs = (scale, left, right, broadcast, backend, deterministic)
 
 
 def _backward(ctx, dout, dlse):
@@ -53,7 +57,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = attention_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.attrs)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)

@@ -105,18 +105,19 @@ def reference_results(case: Case, compute_dtype=torch.float64):
     return (out.detach(), lse.detach(), *grads)
 
 
-def run_backend(case: Case, backend: str):
+def run_backend(case: Case, backend: str, deterministic: bool = False):
     """(out, lse, (dq, dk, dv)) of one case through the public API; grads None when the output is empty."""
     import jfa
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
     window = (case.left, case.right)
     if case.broadcast:
         out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, window=window, scale=case.scale,
-                                           return_lse=True, backend=backend)
+                                           return_lse=True, backend=backend, deterministic=deterministic)
         out = out.reshape(-1, q.shape[1], q.shape[2])
     else:
         out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, window=window,
-                                        scale=case.scale, return_lse=True, backend=backend)
+                                        scale=case.scale, return_lse=True, backend=backend,
+                                        deterministic=deterministic)
     grads = torch.autograd.grad(out, (q, k, v), case.dout) if out.numel() else None
     return out.detach(), lse.detach(), grads
 

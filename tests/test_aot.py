@@ -47,6 +47,12 @@ def test_register_spills_within_budget(reports):
         assert r["regs"] <= 255
 
 
+# The dK/dV pass's spills (bytes, ptxas for sm_90a) where a variant that spills measured faster on the H200 than
+# the spill-free ones (docs/perf-notes.md, session 5): the default two-pass (64-row blocks at D=128, serial) and
+# the fused dQ. Every other Hopper kernel and variant below must not spill.
+HOPPER_SPILL_BUDGET = {("two-pass", 128): 492, ("fused", 128): 1480}
+
+
 @pytest.fixture(scope="module")
 def hopper_reports():
     script = r"""
@@ -54,12 +60,17 @@ import json, torch
 from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd, producer_loop_bounds_are_per_item
 rows = []
 for d in (64, 128):
-    for r in (compile_fwd(d, torch.bfloat16), compile_fwd(d, torch.bfloat16, variant="prefetch"),
-              compile_fwd(d, torch.bfloat16, broadcast=True, variant="pairs"),
-              compile_dkdv(d, torch.bfloat16), compile_dkdv(d, torch.bfloat16, variant="peel"),
-              compile_dq(d, torch.bfloat16, True)):
-        rows.append(dict(kernel=r.kernel, d=d, wgmma=r.wgmma, tma=r.ptx.count("cp.async.bulk.tensor"),
-                         regs=r.registers, spill=r.spill_bytes, setmaxnreg=r.ptx.count("setmaxnreg"),
+    for variant, r in ((None, compile_fwd(d, torch.bfloat16)),
+                       ("prefetch", compile_fwd(d, torch.bfloat16, variant="prefetch")),
+                       ("pairs", compile_fwd(d, torch.bfloat16, broadcast=True, variant="pairs")),
+                       ("m32", compile_dkdv(d, torch.bfloat16, variant="m32")),
+                       ("peel", compile_dkdv(d, torch.bfloat16, variant="peel")),
+                       ("two-pass", compile_dkdv(d, torch.bfloat16, variant="two-pass")),
+                       ("fused", compile_dkdv(d, torch.bfloat16, variant="fused")),
+                       (None, compile_dq(d, torch.bfloat16, True))):
+        rows.append(dict(kernel=r.kernel, variant=variant, d=d, wgmma=r.wgmma,
+                         tma=r.ptx.count("cp.async.bulk.tensor"), regs=r.registers, spill=r.spill_bytes,
+                         setmaxnreg=r.ptx.count("setmaxnreg"), atomics=r.ptx.count("atom.global"),
                          producer_ok=producer_loop_bounds_are_per_item(r.ttgir)))
 print(json.dumps(rows))
 """
@@ -70,12 +81,15 @@ print(json.dumps(rows))
 
 
 def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper_reports):
-    """The forward and the dK/dV and dQ passes, D 64 and 128."""
+    """The forward and the dK/dV and dQ passes, D 64 and 128; spills only where HOPPER_SPILL_BUDGET allows."""
     assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv", "hopper_dq"}
     for r in hopper_reports:
-        assert r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0 and r["regs"] <= 255, r
+        budget = HOPPER_SPILL_BUDGET.get((r["variant"], r["d"]), 0)
+        assert r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] <= budget and r["regs"] <= 255, r
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"
         assert r["producer_ok"], f"{r}: the TMA producer's K/V loop bounds are not recomputed per item"
+        # atomics only in the fused dQ: every other backward path is deterministic
+        assert (r["atomics"] > 0) == (r["variant"] == "fused"), r
 
 
 def test_tile_table_kernel_compiles_for_sm90():

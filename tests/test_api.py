@@ -136,11 +136,34 @@ def test_bad_input_raises_clear_error(name):
     (dict(max_q_len=-1), TypeError, "max_q_len must be a non-negative"),
     (dict(max_q_len=4.0), TypeError, "max_q_len must be a non-negative"),
     (dict(backend="cuda"), ValueError, "unknown backend 'cuda'"),
+    (dict(deterministic=None), TypeError, "deterministic must be a bool"),
 ])
 def test_bad_options(kwargs, exc, msg):
     q, k, v = qkv()
     with pytest.raises(exc, match=msg):
         jfa.jagged_attention(q, k, v, OFF, **kwargs)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_deterministic_reaches_the_backward(monkeypatch, deterministic, broadcast):
+    """The flag goes through the op and its autograd to the backend's backward (where the hopper backend
+    chooses its dQ pass by it), and the gradients are the reference's either way."""
+    from jfa.backends import BACKENDS
+    seen = []
+    ref = BACKENDS["reference"]
+    def spy(*args, deterministic):
+        seen.append(deterministic)
+        return ref.backward(*args, deterministic=deterministic)
+    monkeypatch.setitem(BACKENDS, "reference", ref.__class__(ref.name, ref.forward, spy, ref.supports))
+    q, k, v = (x.requires_grad_() for x in qkv())
+    if broadcast:
+        out = jfa.broadcast_attention(q[:3], k, v, OFF, backend="reference", deterministic=deterministic)
+    else:
+        out = jfa.jagged_attention(q, k, v, OFF, backend="reference", deterministic=deterministic)
+    out.sum().backward()
+    assert seen == [deterministic]
+    assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 @pytest.mark.interpreter

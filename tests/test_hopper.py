@@ -95,7 +95,7 @@ def test_hopper_backward_gluon(mode, d):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("variant", ["peel", "serial", "serial-peel"])
+@pytest.mark.parametrize("variant", ["m32", "peel", "serial", "serial-peel", "two-pass", "fused"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_hopper_backward_variants(mode, d, variant):
@@ -112,14 +112,15 @@ def test_hopper_backward_variants(mode, d, variant):
 
 @pytest.mark.parametrize("bwd", ["triton", "gluon"])
 def test_hopper_backward_is_deterministic(bwd, monkeypatch):
-    """Same inputs, same bits, run to run (no atomics anywhere): the portable backward behind the hopper
-    backend, and the Gluon passes. GQA and broadcast are the cases where a reduction could reorder."""
+    """deterministic=True: same inputs, same bits, run to run (no atomics): the portable backward behind the
+    hopper backend, and the Gluon passes (the dQ pass instead of the fused dQ's atomics). GQA and broadcast are
+    the cases where a reduction could reorder."""
     import jfa.hopper
     monkeypatch.setattr(jfa.hopper, "BWD", bwd)
     for mode in ("gqa", "broadcast-causal-gqa"):
         case = _case(mode, 128)
-        first = run_backend(case, "hopper")
-        again = run_backend(case, "hopper")
+        first = run_backend(case, "hopper", deterministic=True)
+        again = run_backend(case, "hopper", deterministic=True)
         for a, b in zip((first[0], first[1]) + tuple(first[2]), (again[0], again[1]) + tuple(again[2])):
             assert torch.equal(a, b), f"{mode}: results differ between two identical runs"
 

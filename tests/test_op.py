@@ -9,7 +9,8 @@ from jfa.testing import make_case
 
 def op_args(case, backend):
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
-    return (q, k, v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend)
+    return (q, k, v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend,
+            False)
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
@@ -22,7 +23,7 @@ def test_opcheck(backend, mode):
     torch.library.opcheck(torch.ops.jfa.attention.default, op_args(case, backend))
     out, lse = torch.ops.jfa.attention(*op_args(case, backend))
     bwd_args = (case.dout, None, case.q, case.k, case.v, out.detach(), lse.detach(), case.q_offsets,
-                case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend)
+                case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend, False)
     torch.library.opcheck(torch.ops.jfa.attention_backward.default, bwd_args)
 
 

@@ -3,8 +3,9 @@ jfa.hopper.bwd and the dQ pass jfa.hopper.bwd_dq, inside the portable backward's
 in bf16/fp16; others fall back (backends.select says so).
 
 ``JFA_HOPPER_BWD=triton`` swaps in the portable Triton backward (for A/B runs; the Gluon passes measured 1.3-2.1x
-faster on every workload of the H200 suite, docs/perf-notes.md). Every backward path is deterministic: no
-atomics, the same bits run to run.
+faster on every workload of the H200 suite, docs/perf-notes.md). The default backward is deterministic (no
+atomics, the same bits run to run); the dK/dV pass's "fused" variant (dQ added with atomics, one pass instead of
+two) measured 0.76-0.98x of it, so it is an option for A/B only and deterministic=True never takes it.
 """
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
 BWD = os.environ.get("JFA_HOPPER_BWD", "gluon")
 
 
-def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast):
+def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
+             deterministic=False):
     if BWD == "gluon":
         from . import bwd
-        return bwd.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast)
+        return bwd.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
+                            deterministic=deterministic)
     if BWD != "triton":
         raise ValueError(f"JFA_HOPPER_BWD={BWD!r}: 'gluon' or 'triton'")
     return triton_backend.backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right,

@@ -147,32 +147,39 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast, dkdv=None,
-             dq_pass=None):
+             dq_pass=None, fused=None):
     """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None. dkdv, dq_pass: other
     implementations of the two passes, with bwd_dkdv's and bwd_dq's signatures (the Hopper backward plugs its
-    kernels in here)."""
+    kernels in here); fused: one pass instead of both, bwd_dkdv's signature plus a dq to add into (float32,
+    zeroed)."""
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     hq, head_dim = q.shape[1], q.shape[2]
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    # Broadcast: per-sequence float32 partials of dq, summed over the batch below.
-    dq = torch.empty(rows, hq, head_dim, device=q.device, dtype=torch.float32 if broadcast else q.dtype)
+    # Broadcast (and fused): float32 dq (per-sequence partials in broadcast mode, summed over the batch below).
+    f32 = broadcast or fused is not None
+    dq = torch.empty(rows, hq, head_dim, device=q.device, dtype=torch.float32 if f32 else q.dtype)
     if batch == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()  # read with lse's strides
     delta = bwd_delta(out, dout, dlse, lse)
     args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
-    if k.shape[0] > 0:
-        (dkdv or bwd_dkdv)(*args, dk, dv)
-    if rows > 0 and k.shape[0] == 0:  # no keys anywhere: every query saw nothing (and TMA needs rows)
+    if fused is not None:
         dq.zero_()
-    elif rows > 0:
-        (dq_pass or bwd_dq)(*args, dq)
+        if k.shape[0] > 0:
+            fused(*args, dk, dv, dq)
+    else:
+        if k.shape[0] > 0:
+            (dkdv or bwd_dkdv)(*args, dk, dv)
+        if rows > 0 and k.shape[0] == 0:  # no keys anywhere: every query saw nothing (and TMA needs rows)
+            dq.zero_()
+        elif rows > 0:
+            (dq_pass or bwd_dq)(*args, dq)
     if broadcast:
-        dq = dq.view(batch, q.shape[0], hq, head_dim).sum(0).to(q.dtype)
-    return dq, dk, dv
+        dq = dq.view(batch, q.shape[0], hq, head_dim).sum(0)
+    return dq.to(q.dtype), dk, dv
 
 
 def bwd_delta(out, dout, dlse, lse):
