@@ -50,7 +50,7 @@ def test_register_spills_within_budget(reports):
 # The dK/dV pass's spills (bytes, ptxas for sm_90a) where a variant that spills measured faster on the H200 than
 # the spill-free ones (docs/perf-notes.md, session 5): the default two-pass (64-row blocks at D=128, serial) and
 # the fused dQ. Every other Hopper kernel and variant below must not spill.
-HOPPER_SPILL_BUDGET = {("two-pass", 128): 492, ("fused", 128): 1480}
+HOPPER_SPILL_BUDGET = {("two-pass", 128): 488, ("fused", 128): 1600}
 
 
 @pytest.fixture(scope="module")

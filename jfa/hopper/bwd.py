@@ -108,12 +108,15 @@ def _full_blocks(lo, n_blocks, k0, q_len, shift, LEFT, RIGHT, BLOCK_M: gl.conste
 
 
 @gluon.jit
-def _visible(pt, offs_m, in_q, offs_n, kv_len, shift, LEFT, RIGHT):
-    """P^T with the pairs outside the window (or past the sequence's queries or keys) zeroed. (A key past
-    kv_len only ever fed its own, unstored dK/dV row; the fused dQ sums over keys, so it must be zero.)"""
+def _visible(pt, offs_m, in_q, offs_n, kv_len, shift, LEFT, RIGHT, FUSE_DQ: gl.constexpr):
+    """P^T with the pairs outside the window (or past the sequence's queries) zeroed; with FUSE_DQ, past its
+    keys too: such a key only feeds its own dK/dV row, which is never stored, but the fused dQ sums over keys.
+    (Only there: the test costs 3-9% in the two-pass backward, docs/perf-notes.md.)"""
     i_shift = gl.expand_dims(offs_m + shift, 0)
     key = gl.expand_dims(offs_n, 1)
-    vis = gl.expand_dims(in_q, 0) & (key < kv_len) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
+    vis = gl.expand_dims(in_q, 0) & (key >= i_shift - LEFT) & (key <= i_shift + RIGHT)
+    if FUSE_DQ:
+        vis = vis & (key < kv_len)
     return gl.where(vis, pt, 0.0)
 
 
@@ -190,12 +193,14 @@ def _dkdv_block(m0, it, dk, dv, WG: gl.constexpr, k_smem, v_smem, q_smem, do_sme
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
     if MASK == 2:
         # the block needs the mask unless all its queries exist and see all this warpgroup's keys
-        full = ((m0 + BLOCK_M <= q_len) & (k0 + KEYS_PER_WG <= kv_len) & (k0 >= m0 + BLOCK_M - 1 + shift - LEFT)
+        full = ((m0 + BLOCK_M <= q_len) & (k0 >= m0 + BLOCK_M - 1 + shift - LEFT)
                 & (k0 + KEYS_PER_WG - 1 <= m0 + shift + RIGHT))
+        if FUSE_DQ:
+            full = full & (k0 + KEYS_PER_WG <= kv_len)
         if not full:
-            pt = _visible(pt, offs_m, in_q, offs_n, kv_len, shift, LEFT, RIGHT)
+            pt = _visible(pt, offs_m, in_q, offs_n, kv_len, shift, LEFT, RIGHT, FUSE_DQ)
     if MASK == 1:
-        pt = _visible(pt, offs_m, in_q, offs_n, kv_len, shift, LEFT, RIGHT)
+        pt = _visible(pt, offs_m, in_q, offs_n, kv_len, shift, LEFT, RIGHT, FUSE_DQ)
     if SERIAL:
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
@@ -268,9 +273,10 @@ def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                 mbarrier.wait(kv_ready.index(1 - WG), t & 1)
             if PEEL:  # masked head [0, j_lo), mask-free bulk [j_lo, j_hi), masked tail [j_hi, n_blocks)
                 j_lo, j_hi = _full_blocks(lo, n_blocks, k0, q_len, shift, LEFT, RIGHT, BLOCK_M)
-                if k0 + KEYS_PER_WG > kv_len:  # keys past the sequence: every block masked
-                    j_lo = n_blocks
-                    j_hi = n_blocks
+                if FUSE_DQ:
+                    if k0 + KEYS_PER_WG > kv_len:  # keys past the sequence: every block masked (_visible)
+                        j_lo = n_blocks
+                        j_hi = n_blocks
             else:  # one loop over every block, each tested at run time
                 j_lo = n_blocks
                 j_hi = n_blocks
@@ -322,8 +328,9 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, DQ, LSE, DELTA, 
     mbarrier.init(kv_empty, count=2)
     for w in gl.static_range(2):
         mbarrier.init(kv_ready.index(w), count=1)
-        mbarrier.init(ds_ready.index(w), count=2)
-        mbarrier.init(ds_free.index(w), count=2)
+        if FUSE_DQ:
+            mbarrier.init(ds_ready.index(w), count=2)
+            mbarrier.init(ds_free.index(w), count=2)
     for i in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=2)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Session 5, last call (~6 min): the dK/dV pass with the kv_len mask only in the fused variant (the two-pass
+# default is then opcode-identical to the peel / serial-peel kernels measured in call 1): GPU tests of the
+# hopper backend (default backward through the API, every mode and dtype), the two-pass and fused variants,
+# determinism; then the backward A/B two-pass vs fused vs m32.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
+PY=.venv/bin/python
+step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|benchmarks/ab_" 2>/dev/null;
+         sleep 1; echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
+step 170 $PY -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/test_hopper.py \
+  -k "backend or deterministic or reuses or (backward_variants and (fused or two))" > $OUT/tests.txt 2>&1
+grep -v "^  \|^$\|Warn" $OUT/tests.txt | tail -12
+step 150 $PY benchmarks/ab_backward.py --variants gluon-two-pass,gluon-fused,gluon-m32 > $OUT/ab.txt 2>&1
+grep -v "Warn\|return Var" $OUT/ab.txt | tail -12
