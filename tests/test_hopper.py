@@ -95,7 +95,7 @@ def test_hopper_backward_gluon(mode, d):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("variant", ["m32", "peel", "serial", "serial-peel", "two-pass", "fused", "kv2"])
+@pytest.mark.parametrize("variant", ["m32", "peel", "serial", "serial-peel", "two-pass", "fused"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_hopper_backward_variants(mode, d, variant):

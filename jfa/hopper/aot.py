@@ -71,8 +71,7 @@ def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, variant=Non
     cfg = bwd.config(head_dim, variant)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, cfg.block_m)))
-    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, STAGES=cfg.stages, KV_BUFS=cfg.kv_buffers,
-                      BROADCAST=broadcast,
+    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, STAGES=bwd.STAGES, BROADCAST=broadcast,
                       PEEL=cfg.peel, SERIAL=cfg.serial, FUSE_DQ=cfg.fuse_dq, num_warps=4)
     types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "DQ": "*fp32" if cfg.fuse_dq else f"*{_TL[dtype]}",
              "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",

@@ -64,22 +64,21 @@ def _kv_item(tiles, order, q_offsets, kv_offsets, idx, heads_kv, tile_capacity, 
 def _load_partition(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty,
                     qdo_ready, qdo_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity, heads_kv,
                     LEFT, RIGHT, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_BUFS: gl.constexpr, BROADCAST: gl.constexpr):
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr):
     i_sm = gl.program_id(0)
     it = 0  # (Q, dO) blocks loaded so far: ring slot it % STAGES, phase (it // STAGES) & 1
-    t = 0  # items loaded so far: K/V buffer t % KV_BUFS, phase (t // KV_BUFS) & 1
+    t = 0  # items loaded so far: K/V buffer phase t & 1
     for idx in range(gl.load(sm_start + i_sm), gl.load(sm_start + i_sm + 1)):
         valid, i_hk, n0, q_start, q_len, kv_start, kv_len, lo, hi = _kv_item(
             tiles, order, q_offsets, kv_offsets, idx, heads_kv, tile_capacity, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         if valid:
-            buf = t % KV_BUFS
-            mbarrier.wait(kv_empty.index(buf), ((t // KV_BUFS) & 1) ^ 1)  # both consumers are done with it
+            mbarrier.wait(kv_empty, (t & 1) ^ 1)  # both consumers have stored the previous item's dK, dV
             for w in gl.static_range(2):
-                bar = kv_ready.index(buf * 2 + w)
+                bar = kv_ready.index(w)
                 mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
                 row = kv_start + n0 + w * KEYS_PER_WG
-                tma.async_copy_global_to_shared(k_desc, [row, i_hk * HEAD_DIM], bar, k_smem.index(buf * 2 + w))
-                tma.async_copy_global_to_shared(v_desc, [row, i_hk * HEAD_DIM], bar, v_smem.index(buf * 2 + w))
+                tma.async_copy_global_to_shared(k_desc, [row, i_hk * HEAD_DIM], bar, k_smem.index(w))
+                tma.async_copy_global_to_shared(v_desc, [row, i_hk * HEAD_DIM], bar, v_smem.index(w))
             for g in range(GROUP):
                 col = (i_hk * GROUP + g) * HEAD_DIM
                 for m0 in range(lo, hi, BLOCK_M):
@@ -122,8 +121,8 @@ def _visible(pt, offs_m, in_q, offs_n, kv_len, shift, LEFT, RIGHT, FUSE_DQ: gl.c
 
 
 @gluon.jit
-def _dk_and_dq(dst, dk, it, WG: gl.constexpr, kv_base, q_buf, k_smem, ds_smem, ds_ready, ds_free, DQ, stride_dqt,
-               stride_dqh, i_h, q_start, q_len, m0, scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+def _dk_and_dq(dst, dk, it, WG: gl.constexpr, q_buf, k_smem, ds_smem, ds_ready, ds_free, DQ, stride_dqt, stride_dqh,
+               i_h, q_start, q_len, m0, scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
     """The fused dQ (FUSE_DQ): dS^T goes through shared memory, where it is dK's A operand and, with the other
     warpgroup's, dQ's: warpgroup WG computes dQ[:, WG half of D] = dS (all 128 keys) K[:, half] and adds it to
     DQ (float32) with atomics. -> dk (waited). ds buffer it % 2 is double-buffered across the two warpgroups:
@@ -143,8 +142,8 @@ def _dk_and_dq(dst, dk, it, WG: gl.constexpr, kv_base, q_buf, k_smem, ds_smem, d
     mbarrier.wait(ds_ready.index(b), phase)
     dq = gl.full([BLOCK_M, DQ_COLS], 0.0, gl.float32, layout=dq_layout)
     for w in gl.static_range(2):
-        k_cols = k_smem.index(kv_base + w).slice(WG * DQ_COLS, DQ_COLS, 1)  # [keys of consumer w, half of D]
-        dq = warpgroup_mma(ds_smem.index(2 * b + w).permute((1, 0)), k_cols, dq, use_acc=w > 0, is_async=True)
+        dq = warpgroup_mma(ds_smem.index(2 * b + w).permute((1, 0)), k_smem.index(w).slice(WG * DQ_COLS, DQ_COLS, 1),
+                           dq, use_acc=w > 0, is_async=True)
     done = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dq))
     mbarrier.arrive(ds_free.index(b), count=1)
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
@@ -157,12 +156,12 @@ def _dk_and_dq(dst, dk, it, WG: gl.constexpr, kv_base, q_buf, k_smem, ds_smem, d
 
 
 @gluon.jit
-def _dkdv_block(m0, it, dk, dv, WG: gl.constexpr, kv_base, k_smem, v_smem, q_smem, do_smem, qdo_ready, qdo_empty,
-                ds_smem, ds_ready, ds_free, LSE, DELTA, DQ, stride_dqt, stride_dqh, i_h, stride_lh, q_start, q_len,
-                kv_len, k0, offs_n, shift, scale, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+def _dkdv_block(m0, it, dk, dv, WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, qdo_ready, qdo_empty, ds_smem,
+                ds_ready, ds_free, LSE, DELTA, DQ, stride_dqt, stride_dqh, i_h, stride_lh, q_start, q_len, kv_len, k0,
+                offs_n, shift, scale, qk_scale, LEFT, RIGHT, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                 STAGES: gl.constexpr, MASK: gl.constexpr, SERIAL: gl.constexpr, FUSE_DQ: gl.constexpr):
-    """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys (K/V buffers kv_base + WG):
-    dV += P^T dO, dK += dS^T Q (and, FUSE_DQ, dQ += dS K by atomics: _dk_and_dq).
+    """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q
+    (and, FUSE_DQ, dQ += dS K by atomics: _dk_and_dq).
     MASK: 0 = the block needs no mask (a peeled bulk block), 1 = always masked, 2 = tested at run time.
     SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers: 64-row blocks at D=128); else
     S^T and dP^T are issued together (more overlap, more registers)."""
@@ -174,8 +173,8 @@ def _dkdv_block(m0, it, dk, dv, WG: gl.constexpr, kv_base, k_smem, v_smem, q_sme
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([KEYS_PER_WG, BLOCK_M], 0.0, gl.float32, layout=st_layout)
-    k_buf = k_smem.index(kv_base + WG)
-    v_buf = v_smem.index(kv_base + WG)
+    k_buf = k_smem.index(WG)
+    v_buf = v_smem.index(WG)
     slot = it % STAGES
     mbarrier.wait(qdo_ready.index(slot), (it // STAGES) & 1)
     q_buf = q_smem.index(slot)
@@ -211,8 +210,8 @@ def _dkdv_block(m0, it, dk, dv, WG: gl.constexpr, kv_base, k_smem, v_smem, q_sme
         dv = done[0]
         dst = pt * (done[1] - gl.expand_dims(delta, 0))
         if FUSE_DQ:
-            dk = _dk_and_dq(dst, dk, it, WG, kv_base, q_buf, k_smem, ds_smem, ds_ready, ds_free, DQ, stride_dqt,
-                            stride_dqh, i_h, q_start, q_len, m0, scale, HEAD_DIM, BLOCK_M)
+            dk = _dk_and_dq(dst, dk, it, WG, q_buf, k_smem, ds_smem, ds_ready, ds_free, DQ, stride_dqt, stride_dqh,
+                            i_h, q_start, q_len, m0, scale, HEAD_DIM, BLOCK_M)
         else:
             dst_op = gl.convert_layout(dst.to(dtype), op_layout)
             dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
@@ -223,8 +222,8 @@ def _dkdv_block(m0, it, dk, dv, WG: gl.constexpr, kv_base, k_smem, v_smem, q_sme
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         if FUSE_DQ:
             dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
-            dk = _dk_and_dq(dst, dk, it, WG, kv_base, q_buf, k_smem, ds_smem, ds_ready, ds_free, DQ, stride_dqt,
-                            stride_dqh, i_h, q_start, q_len, m0, scale, HEAD_DIM, BLOCK_M)
+            dk = _dk_and_dq(dst, dk, it, WG, q_buf, k_smem, ds_smem, ds_ready, ds_free, DQ, stride_dqt, stride_dqh,
+                            i_h, q_start, q_len, m0, scale, HEAD_DIM, BLOCK_M)
             dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))[0]  # already done: waited with dk
         else:
             dst_op = gl.convert_layout(dst.to(dtype), op_layout)
@@ -243,7 +242,7 @@ def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                     sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh, stride_lh,
                     tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    KV_BUFS: gl.constexpr, PEEL: gl.constexpr, SERIAL: gl.constexpr, FUSE_DQ: gl.constexpr):
+                    PEEL: gl.constexpr, SERIAL: gl.constexpr, FUSE_DQ: gl.constexpr):
     """PEEL: each item's query blocks run as three loops (masked head, mask-free bulk, masked tail) instead of
     one loop that tests every block. FUSE_DQ: the two warpgroups also compute dQ (_dk_and_dq), in lockstep:
     both walk the same blocks in the same order."""
@@ -269,10 +268,9 @@ def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
             dk = gl.full([KEYS_PER_WG, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             dv = gl.full([KEYS_PER_WG, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             n_blocks = gl.maximum(gl.cdiv(hi - lo, BLOCK_M), 0)
-            buf = t % KV_BUFS  # this item's K and V: k_smem/v_smem[2 * buf + consumer]
-            mbarrier.wait(kv_ready.index(buf * 2 + WG), (t // KV_BUFS) & 1)
+            mbarrier.wait(kv_ready.index(WG), t & 1)
             if FUSE_DQ:  # dQ reads the other warpgroup's keys too
-                mbarrier.wait(kv_ready.index(buf * 2 + 1 - WG), (t // KV_BUFS) & 1)
+                mbarrier.wait(kv_ready.index(1 - WG), t & 1)
             if PEEL:  # masked head [0, j_lo), mask-free bulk [j_lo, j_hi), masked tail [j_hi, n_blocks)
                 j_lo, j_hi = _full_blocks(lo, n_blocks, k0, q_len, shift, LEFT, RIGHT, BLOCK_M)
                 if FUSE_DQ:
@@ -288,13 +286,13 @@ def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
                     begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
                     end = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
                     for j in range(begin, end):
-                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, WG, 2 * buf, k_smem, v_smem, q_smem,
-                                             do_smem, qdo_ready, qdo_empty, ds_smem, ds_ready, ds_free, LSE, DELTA, DQ,
+                        dk, dv = _dkdv_block(lo + j * BLOCK_M, it, dk, dv, WG, k_smem, v_smem, q_smem, do_smem,
+                                             qdo_ready, qdo_empty, ds_smem, ds_ready, ds_free, LSE, DELTA, DQ,
                                              stride_dqt, stride_dqh, i_h, stride_lh, q_start, q_len, kv_len, k0,
                                              offs_n, shift, scale, qk_scale, LEFT, RIGHT, HEAD_DIM, BLOCK_M, STAGES,
                                              2 if not PEEL else (0 if seg == 1 else 1), SERIAL, FUSE_DQ)  # MASK
                         it += 1
-            mbarrier.arrive(kv_empty.index(buf), count=1)  # K/V read for the last time: the producer may reload
+            mbarrier.arrive(kv_empty, count=1)  # K/V read for the last time: the producer may load the next
             t += 1
             rows = k0 + gl.arange(0, KEYS_PER_WG, layout=acc_rows)
             cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=acc_cols), 0)
@@ -308,32 +306,28 @@ def _dkdv_partition(WG: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, 
 def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order,
                        sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh, stride_lh,
                        tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
-                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KV_BUFS: gl.constexpr,
-                       BROADCAST: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr,
                        PEEL: gl.constexpr, SERIAL: gl.constexpr, FUSE_DQ: gl.constexpr, num_warps: gl.constexpr):
     """DQ (FUSE_DQ): float32 [rows, Hq, D], zeroed, where dQ is added (per-sequence partials in broadcast mode);
     unused otherwise."""
     BLOCK_N: gl.constexpr = 2 * KEYS_PER_WG
     dtype: gl.constexpr = q_desc.dtype
-    # K/V of KV_BUFS items (2: the producer loads the next item's while the consumers work on this one)
-    k_smem = gl.allocate_shared_memory(dtype, [KV_BUFS * 2, KEYS_PER_WG, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [KV_BUFS * 2, KEYS_PER_WG, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS_PER_WG, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, KEYS_PER_WG, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     # dS^T of (2 buffers) x (2 warpgroups) for the fused dQ; one unused buffer otherwise
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     ds_smem = gl.allocate_shared_memory(dtype, [4 if FUSE_DQ else 1, KEYS_PER_WG, BLOCK_M], ds_layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [KV_BUFS * 2, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(KV_BUFS):
-        mbarrier.init(kv_empty.index(b), count=2)
-        for w in gl.static_range(2):
-            mbarrier.init(kv_ready.index(b * 2 + w), count=1)
+    mbarrier.init(kv_empty, count=2)
     for w in gl.static_range(2):
+        mbarrier.init(kv_ready.index(w), count=1)
         if FUSE_DQ:
             mbarrier.init(ds_ready.index(w), count=2)
             mbarrier.init(ds_free.index(w), count=2)
@@ -341,19 +335,19 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, DQ, LSE, DELTA, 
         mbarrier.init(qdo_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=2)
     gl.warp_specialize([
-        (_dkdv_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
-                           ds_ready, ds_free, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start,
-                           stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh, stride_lh,
-                           tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
-                           STAGES, KV_BUFS, PEEL, SERIAL, FUSE_DQ)),
-        (_dkdv_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, qdo_ready, qdo_empty,
-                           ds_ready, ds_free, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start,
-                           stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh, stride_lh,
-                           tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
-                           STAGES, KV_BUFS, PEEL, SERIAL, FUSE_DQ)),
+        (_dkdv_partition, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, ds_ready,
+                           ds_free, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt,
+                           stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh, stride_lh, tile_capacity,
+                           heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL,
+                           SERIAL, FUSE_DQ)),
+        (_dkdv_partition, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, qdo_ready, qdo_empty, ds_ready,
+                           ds_free, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start, stride_dkt,
+                           stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh, stride_lh, tile_capacity,
+                           heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL,
+                           SERIAL, FUSE_DQ)),
         (_load_partition, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty,
                            qdo_ready, qdo_empty, q_offsets, kv_offsets, tiles, order, sm_start, tile_capacity,
-                           heads_kv, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, KV_BUFS, BROADCAST)),
+                           heads_kv, LEFT, RIGHT, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, BROADCAST)),
     ], [4, 1], [240, 24])
 
 
@@ -369,8 +363,6 @@ class Config:
     peel: bool = False  # masked head / mask-free bulk / masked tail loops instead of a test per block
     serial: bool = False  # S^T, dV, dP^T, dK one after another (fewer live registers)
     fuse_dq: bool = False  # dQ too, added with float32 atomics (one pass; not bit-reproducible run to run)
-    kv_buffers: int = 1  # 2: the next item's K/V load overlaps this item's work (short items: broadcast q)
-    stages: int = 3  # (Q, dO) ring depth
 
 
 VARIANTS = {  # name -> head dim -> Config; A/B'd by benchmarks/ab_backward.py
@@ -382,11 +374,9 @@ VARIANTS = {  # name -> head dim -> Config; A/B'd by benchmarks/ab_backward.py
     # the fastest two-pass variant per head dim on the H200 (docs/perf-notes.md, session 5)
     "two-pass": {64: Config(64, peel=True), 128: Config(64, peel=True, serial=True)},
     "fused": {64: Config(64, peel=True, fuse_dq=True), 128: Config(64, peel=True, serial=True, fuse_dq=True)},
-    # two-pass with K/V double-buffered across items (at D=128 the ring gives up a stage to fit 227 KB)
-    "kv2": {64: Config(64, peel=True, kv_buffers=2),
-            128: Config(64, peel=True, serial=True, kv_buffers=2, stages=2)},
 }
 DEFAULT = "two-pass"
+STAGES = 3
 
 
 def config(head_dim: int, variant: str | None = None) -> Config:
@@ -413,8 +403,8 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
         *descs, dk, dv, dq_arg, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), *dq_strides, lse.stride(0), sched.tiles.shape[1],
         k.shape[1], scale, scale * math.log2(math.e), lk, rk, GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2],
-        BLOCK_M=cfg.block_m, STAGES=cfg.stages, KV_BUFS=cfg.kv_buffers, BROADCAST=broadcast, PEEL=cfg.peel,
-        SERIAL=cfg.serial, FUSE_DQ=cfg.fuse_dq, num_warps=4)
+        BLOCK_M=cfg.block_m, STAGES=STAGES, BROADCAST=broadcast, PEEL=cfg.peel, SERIAL=cfg.serial,
+        FUSE_DQ=cfg.fuse_dq, num_warps=4)
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast, cfg=None,
