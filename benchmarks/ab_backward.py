@@ -9,7 +9,8 @@ against the float64 reference on the suite's first sequences (jfa.testing.compar
 variant that fails is reported, not timed. Timed: the backward alone (median of do_bench, schedules cached as
 the backend caches them). Prints TF/s (2.5 x the forward's exact visible-pair FLOPs) and the ratio to the
 first variant. --passes: the Gluon backward's parts timed apart instead (Delta, the two-pass dK/dV and dQ
-passes, the fused dK/dV/dQ pass), each with TF/s over its share of the 5 matmuls. Peers' backward: `jfa bench`. The numbers go into docs/perf-notes.md.
+passes, the fused dK/dV/dQ pass), each with TF/s over its share of the 5 matmuls. Peers' backward: `jfa bench`.
+The numbers go into docs/perf-notes.md.
 """
 import argparse
 
