@@ -148,7 +148,8 @@ def test_bad_options(kwargs, exc, msg):
 @pytest.mark.parametrize("broadcast", [False, True])
 def test_deterministic_reaches_the_backward(monkeypatch, deterministic, broadcast):
     """The flag goes through the op and its autograd to the backend's backward (where the hopper backend
-    chooses its dQ pass by it), and the gradients are the reference's either way."""
+    chooses its dQ pass by it), once per backward. (That the hopper backend keeps its promise is checked on the
+    GPU: tests/test_hopper.py, same bits twice.)"""
     from jfa.backends import BACKENDS
     seen = []
     ref = BACKENDS["reference"]
