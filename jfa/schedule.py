@@ -9,6 +9,7 @@ Unused capacity (tiles of the jagged tile table's padding) has cost -1, sorts la
 """
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections import OrderedDict
@@ -75,6 +76,15 @@ def tiles_and_costs(q_offsets, kv_offsets, rows: int, block_m: int, block_n: int
         q_offsets, kv_offsets, tile_ends, tiles, costs, batch, capacity, lk, rk, BLOCK_M=block_m, BLOCK_N=block_n,
         SEARCH_STEPS=batch.bit_length() + 1, BLOCK=block)
     return tiles, costs
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """The SMs a persistent grid is sized by: the CUDA device's; 4 under the interpreter, so that the tests see
+    several programs share the work."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
 
 
 def zigzag_sm(rank: torch.Tensor, num_sms: int) -> torch.Tensor:

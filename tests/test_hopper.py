@@ -80,18 +80,23 @@ def test_hopper_int64_offsets():
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("mode", list(MODES))
-def test_hopper_backward_gluon(mode, d):
-    """The Gluon dK/dV and dQ passes (jfa.hopper.bwd, bwd_dq) inside the portable backward's steps, in every
-    mode (broadcast too, which the backend's default gives to the portable backward), against the reference."""
+def _gluon_backward_failures(mode, d, cfg=None):
+    """The Gluon forward, then the Gluon backward (jfa.hopper.bwd with the dK/dV pass's Config cfg, default
+    config(D)) called directly, compared with the reference."""
     from jfa.hopper import bwd, fwd
     case = _case(mode, d)
     out, lse = fwd.forward(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
                            case.right, case.broadcast)
     grads = bwd.backward(case.dout, None, case.q, case.k, case.v, out, lse, case.q_offsets, case.kv_offsets,
-                         case.scale, case.left, case.right, case.broadcast)
-    failures = compare(case, out, lse, grads)
+                         case.scale, case.left, case.right, case.broadcast, cfg=cfg)
+    return compare(case, out, lse, grads)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_backward_gluon(mode, d):
+    """The default Gluon backward (dK/dV and dQ passes inside the portable backward's steps), every mode."""
+    failures = _gluon_backward_failures(mode, d)
     assert not failures, "\n".join(failures)
 
 
@@ -100,13 +105,8 @@ def test_hopper_backward_gluon(mode, d):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_hopper_backward_variants(mode, d, variant):
     """Every configuration of the Gluon dK/dV pass (jfa.hopper.bwd.VARIANTS) against the reference."""
-    from jfa.hopper import bwd, fwd
-    case = _case(mode, d)
-    out, lse = fwd.forward(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left,
-                           case.right, case.broadcast)
-    grads = bwd.backward(case.dout, None, case.q, case.k, case.v, out, lse, case.q_offsets, case.kv_offsets,
-                         case.scale, case.left, case.right, case.broadcast, cfg=bwd.config(d, variant))
-    failures = compare(case, out, lse, grads)
+    from jfa.hopper import bwd
+    failures = _gluon_backward_failures(mode, d, bwd.config(d, variant))
     assert not failures, "\n".join(failures)
 
 

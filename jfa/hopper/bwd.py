@@ -31,6 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ..schedule import num_sms
 from .common import aligned, tma_descriptor
 
 KEYS_PER_WG = gl.constexpr(64)  # keys per consumer warpgroup (one wgmma m64 instruction tall)
@@ -392,14 +393,14 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
     if cfg.fuse_dq != (dq is not None):
         raise ValueError("a fused dQ needs its float32 dq buffer, and only it")
     block_n = 2 * KEYS_PER_WG.value
-    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = num_sms(q.device)
     # items are key tiles: the schedule with the roles of q and kv swapped (and the window mirrored)
-    sched = SCHEDULES.get(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, cfg.block_m, right, left, num_sms)
+    sched = SCHEDULES.get(kv_offsets, q_offsets, k.shape[0], k.shape[1], block_n, cfg.block_m, right, left, sms)
     q, dout, k, v = aligned(q, dout, k, v)
     descs = descriptors(q, dout, k, v, cfg.block_m)
     lk, rk = kernel_window(left, right)
     dq_arg, dq_strides = (dq, dq.stride()[:2]) if cfg.fuse_dq else (dk, (0, 0))
-    hopper_dkdv_kernel[(num_sms, )](
+    hopper_dkdv_kernel[(sms, )](
         *descs, dk, dv, dq_arg, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), *dq_strides, lse.stride(0), sched.tiles.shape[1],
         k.shape[1], scale, scale * math.log2(math.e), lk, rk, GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2],

@@ -21,6 +21,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from ..schedule import num_sms
 from .common import aligned, tma_descriptor
 from .fwd import WG_ROWS, _item
 
@@ -188,12 +189,12 @@ def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right
     from ..jagged import kernel_window
     from . import SCHEDULES  # the hopper backend's schedule cache: one build per offsets, not per call
     block_n = BLOCK_N[q.shape[2]]
-    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = num_sms(q.device)
     sched = SCHEDULES.get(q_offsets, kv_offsets, dq.shape[0], q.shape[1], 2 * WG_ROWS.value, SCHEDULE_BLOCK_N, left,
-                          right, num_sms)
+                          right, sms)
     q, dout, k, v = aligned(q, dout, k, v)
     lk, rk = kernel_window(left, right)
-    hopper_dq_kernel[(num_sms, )](
+    hopper_dq_kernel[(sms, )](
         *descriptors(q, dout, k, v, block_n), dq, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order,
         sched.sm_start, dq.stride(0), dq.stride(1), lse.stride(0), sched.tiles.shape[1], q.shape[1], scale,
         scale * math.log2(math.e), lk, rk, GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2], BLOCK_N=block_n,

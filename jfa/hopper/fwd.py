@@ -365,7 +365,7 @@ def config(head_dim: int, variant: str | None = None) -> Config:
 def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedules=None, cfg=None):
     """-> (out, lse) as jfa.triton.launch.forward. Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
     from ..jagged import kernel_window
-    from ..schedule import build
+    from ..schedule import build, num_sms
     cfg = cfg or config(q.shape[2])
     if cfg.pairs and q.shape[1] % 2:
         cfg = config(q.shape[2])  # an odd head count has no pairs
@@ -379,7 +379,7 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
-    ctas = torch.cuda.get_device_properties(q.device).multi_processor_count * cfg.ctas_per_sm()
+    ctas = num_sms(q.device) * cfg.ctas_per_sm()
     items_per_tile = hq // 2 if cfg.pairs else hq  # PAIRS: an item is a tile of a pair of heads
     params = (rows, items_per_tile, block_m, cfg.block_n, left, right, ctas)
     sched = schedules.get(q_offsets, kv_offsets, *params) if schedules else build(q_offsets, kv_offsets, *params)

@@ -5,7 +5,6 @@ the grid is sized from the tensor shapes alone, so the launches can be captured 
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import torch
 import triton
 
 from ..jagged import kernel_window, tile_table
-from ..schedule import ScheduleCache
+from ..schedule import ScheduleCache, num_sms
 
 
 
@@ -105,13 +104,6 @@ FWD_SCHEDULE = os.environ.get("JFA_TRITON_FWD_SCHEDULE", "grid")
 _SCHEDULES = ScheduleCache()
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few "SMs", so the tests see several programs share the work
-
-
 def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, schedule=None):
     """-> (out [rows, Hq, D], lse [Hq, rows] float32). q_offsets give the output rows (b*Lq in broadcast)."""
     batch = kv_offsets.numel() - 1
@@ -131,9 +123,9 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, sched
                 num_stages=cfg.num_stages, **_common(q, k, head_dim))
     kernels = kernels_for(q.device)
     if schedule == "persistent":
-        num_sms = _num_sms(q.device)
-        sched = _SCHEDULES.get(q_offsets, kv_offsets, rows, hq, cfg.block_m, cfg.block_n, left, right, num_sms)
-        kernels.attention_fwd_persistent_kernel[(num_sms,)](
+        sms = num_sms(q.device)
+        sched = _SCHEDULES.get(q_offsets, kv_offsets, rows, hq, cfg.block_m, cfg.block_n, left, right, sms)
+        kernels.attention_fwd_persistent_kernel[(sms,)](
             q, k, v, out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start, *strides,
             sched.tiles.shape[1], hq, scale * math.log2(math.e), lk, rk, **meta)
     elif schedule == "grid":

@@ -4,5 +4,6 @@
 set -uo pipefail
 mkdir -p /tmp/fa4 && cp .fa4/part1/* /tmp/fa4/
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee $OUT/nvidia-smi.txt
-bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
+source scripts/h200/lib.sh
+setup
 .venv/bin/python -m jfa info 2>&1 | tee $OUT/info.txt

@@ -6,10 +6,9 @@
 #   2. the backward A/B: two-pass (= deterministic=True) vs fused, every workload of the suite.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
+source scripts/h200/lib.sh
+setup
 PY=.venv/bin/python
-step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|benchmarks/ab_" 2>/dev/null;
-         sleep 1; echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
 T="-q -p no:cacheprovider -m gpu -n 4"
 step 300 $PY -m pytest $T tests/test_hopper.py tests/test_gpu.py \
   -k "(not forward_variants) and (not backward_variants or fused or two or m32)" > $OUT/tests.txt 2>&1

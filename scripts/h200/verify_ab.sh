@@ -5,10 +5,9 @@
 # stage2.sh A and B follow at once (the machine stays warm ~30 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+source scripts/h200/lib.sh
 bash scripts/h200/fa4_half1.sh > /dev/null || exit 1  # FA4's first half into /tmp/fa4, set-up, device info
 PY=.venv/bin/python
-step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|benchmarks/ab_forward.py" 2>/dev/null;
-         sleep 1; echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
 T="-q -p no:cacheprovider -m gpu -n 4"
 step 200 $PY -m pytest $T tests/test_hopper.py tests/test_gpu.py tests/test_integrations.py -k "not variants" 2>&1 \
   | grep -v "^  \|^$\|Warn" | tail -12

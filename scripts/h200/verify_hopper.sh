@@ -4,10 +4,9 @@
 # backend tests (fwd+bwd through the public API), the kernel variants, and the rest of the GPU tests.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+source scripts/h200/lib.sh
 [ -d .venv ] || bash scripts/setup_venv.sh > $OUT/setup.log 2>&1
 PY=.venv/bin/python
-step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|smoke" 2>/dev/null; sleep 1;
-         echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
 cat > /tmp/smoke.py <<'PYEOF'
 import torch
 from jfa.hopper import fwd

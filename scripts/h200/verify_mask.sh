@@ -5,10 +5,9 @@
 # determinism; then the backward A/B two-pass vs fused vs m32.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-bash scripts/setup_venv.sh > $OUT/setup.log 2>&1 || { tail -30 $OUT/setup.log; exit 1; }
+source scripts/h200/lib.sh
+setup
 PY=.venv/bin/python
-step() { local limit=$1; shift; timeout $limit "$@"; local rc=$?; pkill -9 -f "pytest|benchmarks/ab_" 2>/dev/null;
-         sleep 1; echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; }
 step 170 $PY -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/test_hopper.py \
   -k "backend or deterministic or reuses or (backward_variants and (fused or two))" > $OUT/tests.txt 2>&1
 grep -v "^  \|^$\|Warn" $OUT/tests.txt | tail -12
