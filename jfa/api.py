@@ -36,10 +36,14 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
         out ``[Tq, Hq, D]`` in q's dtype, or ``(out, lse)``.
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
     """
-    if nested.is_njt(q):  # NJT inputs: unwrap to packed + offsets, call back here, rewrap the output
-        return nested.jagged_attention_njt(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len,
-                                           max_kv_len=max_kv_len, causal=causal, window=window, scale=scale,
-                                           return_lse=return_lse, backend=backend, deterministic=deterministic)
+    if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
+        q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
+            q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
+        result = jagged_attention(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len,
+                                  causal=causal, window=window, scale=scale, return_lse=return_lse,
+                                  backend=backend, deterministic=deterministic)
+        out = nested.to_njt(result[0] if return_lse else result, q_offsets, max_len=max_q_len)
+        return (out, result[1]) if return_lse else out
     q, k, v = checks.check_qkv(q, k, v)
     self_attention = kv_offsets is None
     kv_offsets = q_offsets if self_attention else kv_offsets

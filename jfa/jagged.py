@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import torch
 
-# Kernels take window bounds as plain ints; "unbounded" becomes this sentinel (larger than any length).
+# An unbounded side of the window, as every layer below the public functions takes it: a bound larger than any
+# length, so that the kernels' range arithmetic needs no branch.
 UNBOUNDED = 1 << 30
 
 
-def resolve_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
-    """(left, right) with -1 = unbounded; causal caps right at 0 and combines with the window."""
+def causal_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """The user's window (-1 = unbounded) combined with the causal flag, in the user's form: causal caps right
+    at 0."""
     left, right = int(window[0]), int(window[1])
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right
 
 
-def kernel_window(left: int, right: int) -> tuple[int, int]:
-    """The window as the kernels take it: -1 replaced by UNBOUNDED."""
+def resolve_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """The user's window and causal flag -> (left, right), the one form the op, the backends, the schedules and
+    the kernels take: causal_window with an unbounded side as UNBOUNDED.
+
+    Converted once, in the public functions; the functions of this module accept both forms."""
+    left, right = causal_window(causal, window)
     return (UNBOUNDED if left < 0 else left), (UNBOUNDED if right < 0 else right)
 
 

@@ -80,13 +80,13 @@ def _cached_max_len(nt):
     return m if isinstance(m, int) and not isinstance(m, bool) else None
 
 
-def jagged_attention_njt(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None,
-                         attention_fn=None, **kwargs):
-    """jfa.jagged_attention for NJT inputs: q ``[B, j, Hq, D]``, k/v ``[B, j', Hkv, D]`` NJTs -> NJT out.
+def unpack_qkv(q, k, v, q_offsets=None, kv_offsets=None, max_q_len=None, max_kv_len=None):
+    """NJT q ``[B, j, Hq, D]`` and k, v ``[B, j', Hkv, D]`` -> packed values and offsets, as
+    jfa.jagged_attention takes them: (q, k, v, q_offsets, kv_offsets or None for self-attention, max_q_len,
+    max_kv_len), the max lengths filled from the NJTs' caches where the caller passed none.
 
     Offsets come from the NJTs (passing q_offsets/kv_offsets too is an error). k and v must share their
-    ragged structure; kv with offsets other than q's is cross-attention. With ``return_lse=True`` the lse is
-    returned as the packed ``[Hq, Tq]`` tensor. ``attention_fn`` defaults to jfa.jagged_attention.
+    ragged structure; kv with offsets other than q's is cross-attention.
     """
     if q_offsets is not None or kv_offsets is not None:
         raise ValueError("with NJT inputs the offsets come from the nested tensors: do not pass q_offsets or "
@@ -106,10 +106,4 @@ def jagged_attention_njt(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=
         max_q_len = _cached_max_len(q)
     if max_kv_len is None:
         max_kv_len = max_q_len if self_attention else _cached_max_len(k)
-    if attention_fn is None:
-        from .api import jagged_attention as attention_fn
-    result = attention_fn(q_values, k_values, v_values, q_off, None if self_attention else k_off,
-                          max_q_len=max_q_len, max_kv_len=max_kv_len, **kwargs)
-    out, lse = result if isinstance(result, tuple) else (result, None)
-    out_nt = to_njt(out, q_off, max_len=max_q_len)
-    return out_nt if lse is None else (out_nt, lse)
+    return (q_values, k_values, v_values, q_off, None if self_attention else k_off, max_q_len, max_kv_len)

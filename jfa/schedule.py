@@ -1,156 +1,249 @@
-"""Load-balanced tile schedules for persistent kernels (one CTA per SM looping over its tiles).
+"""Load-balanced tile schedules for the persistent kernels (one CTA per SM looping over its work items), built
+and kept on the device.
 
-A work item is (sequence, query tile, head). Its cost is the number of key blocks its rows see (the blocks
-the kernel loop visits, jfa.jagged's visibility rule); items are sorted heaviest first and dealt to the SMs
-in a zigzag (round r deals SM 0..S-1 when r is even, S-1..0 when odd), the scheme of Meta's TLX jagged
-kernel. Built with torch ops on the offsets' device, sized from shapes alone: no host sync, capturable in a
-CUDA graph. ``Schedule.order`` lists item ids grouped by SM; SM s runs ``order[sm_start[s]:sm_start[s+1]]``.
-Unused capacity (tiles of the jagged tile table's padding) has cost -1, sorts last, and is marked -1.
+A work item is (tile, head): a tile of ``block_m`` rows of one sequence (query rows, or key rows for the
+backward's dK/dV pass, which builds its schedule with the two sides swapped), times one of ``heads``. Its cost is
+the number of ``block_n`` blocks of the other side it visits (jfa.geometry.key_range). Items are ordered
+heaviest first and dealt to the CTAs in a zigzag (round r deals CTA 0..S-1 when r is even, S-1..0 when odd),
+the scheme of Meta's TLX jagged kernel. CTA s runs ``order[sm_start[s]:sm_start[s + 1]]``; -1 marks the
+tile table's spare capacity (sized from shapes alone: ``rows // block_m + B`` tiles).
+
+Reuse is safe whatever wrote the offsets. A schedule remembers the offsets it was built from (a copy on the
+device), and every use starts with one small kernel (``refresh_kernel``, one CTA) that compares them with the
+live offsets and, if anything differs, rebuilds the schedule in place: no host sync, so it is capturable in a
+CUDA graph and replays correctly with refilled offsets. ``ScheduleCache`` keeps one schedule per (offsets
+tensors, ScheduleSpec), so a training step's layers, forward and backward share one build per batch.
 """
 from __future__ import annotations
 
-import functools
-import os
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
-from .jagged import kernel_window, lengths, tile_table
+from .geometry import key_range, sequence_bounds
+from .runtime import check_runnable
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What a schedule depends on besides the offsets' values (the cache's explicit key)."""
+    rows: int  # rows of the tiled side (the query rows: B * Lq in broadcast mode; the key rows when swapped)
+    heads: int  # items per tile
+    block_m: int  # rows per tile
+    block_n: int  # the other side's rows per cost unit
+    left: int  # window, in jfa.jagged.resolve_window's form (mirrored, right for left, when swapped)
+    right: int
+    ctas: int  # the persistent grid
 
 
 @dataclass(frozen=True)
 class Schedule:
-    tiles: torch.Tensor  # int32 [2, capacity]: (sequence, query tile) per tile id (jagged.tile_table)
-    order: torch.Tensor  # int32 [capacity * heads]: item ids (tile * heads + head), grouped by SM; -1 = none
-    sm_start: torch.Tensor  # int32 [num_sms + 1]: SM s owns order[sm_start[s]:sm_start[s + 1]]
-    cost: torch.Tensor  # int32 [capacity * heads]: key blocks per item id (-1 for unused slots)
+    tiles: torch.Tensor  # int32 [2, capacity]: (sequence, tile index within it); sequence -1 = spare
+    tile_cost: torch.Tensor  # int32 [capacity]: blocks visited by each tile (-1 for spare capacity)
+    order: torch.Tensor  # int32 [capacity * heads]: item ids (tile * heads + head) grouped by CTA; -1 = none
+    sm_start: torch.Tensor  # int32 [ctas + 1]: CTA s owns order[sm_start[s]:sm_start[s + 1]]
     heads: int
+    seen: torch.Tensor  # int64 [2 (B + 1)]: the q then kv offsets the schedule was built from
+    scratch: torch.Tensor  # int32: per-sequence tile ends [B], then two cost histograms [buckets] each
 
 
-def key_block_counts(q_offsets, kv_offsets, tiles, block_m: int, block_n: int, left: int, right: int):
-    """Key blocks visited by each tile of a tile table (int64 [capacity]; -1 for unused slots).
-
-    Same ranges as the kernels' common.key_blocks: keys [lo, hi) with lo aligned down to block_n.
-    """
-    seq, blk = tiles[0].long(), tiles[1].long()
-    valid = seq >= 0
-    s = torch.clamp(seq, min=0)
-    q_off, kv_off = q_offsets.long(), kv_offsets.long()
-    lq = q_off[s + 1] - q_off[s]
-    lk = kv_off[s + 1] - kv_off[s]
-    shift = lk - lq
-    m0 = blk * block_m
-    m_last = torch.minimum(m0 + block_m, lq) - 1
-    lo = torch.clamp(m0 + shift - left, min=0) if left >= 0 else torch.zeros_like(m0)
-    hi = torch.minimum(m_last + shift + right + 1, lk) if right >= 0 else lk
-    lo = (lo // block_n) * block_n
-    count = torch.clamp((hi - lo + block_n - 1) // block_n, min=0)
-    return torch.where(valid, count, torch.full_like(count, -1))
-
-
-# The one-kernel bookkeeping on CUDA: checked against the spec in Triton's interpreter, and every GPU test of the
-# hopper backend passed through it on the H200 (docs/perf-notes.md). JFA_FUSED_SCHEDULE=0 goes back to the spec.
-FUSED_ON_CUDA = os.environ.get("JFA_FUSED_SCHEDULE", "1") == "1"
-
-
-def tiles_and_costs(q_offsets, kv_offsets, rows: int, block_m: int, block_n: int, left: int, right: int,
-                    fused: bool | None = None):
-    """(jagged.tile_table, key_block_counts) of one call. fused (default: on CUDA when FUSED_ON_CUDA): computed
-    by one Triton kernel (jfa.triton.kernels.tiles; counts in int32) instead of the spec's ~80 small torch ops."""
-    if fused is None:
-        fused = q_offsets.is_cuda and FUSED_ON_CUDA
-    batch = q_offsets.numel() - 1
-    capacity = rows // block_m + batch
-    if not fused or batch <= 0 or capacity == 0:
-        tiles = tile_table(q_offsets, block_m, rows)
-        return tiles, key_block_counts(q_offsets, kv_offsets, tiles, block_m, block_n, left, right)
-    from .triton.launch import kernels_for
-    tile_ends = torch.cumsum((lengths(q_offsets) + block_m - 1) // block_m, 0, dtype=torch.int32)
-    tiles = torch.empty(2, capacity, dtype=torch.int32, device=q_offsets.device)
-    costs = torch.empty(capacity, dtype=torch.int32, device=q_offsets.device)
-    block = 256
-    lk, rk = kernel_window(left, right)
-    kernels_for(q_offsets.device).tile_table_kernel[(-(-capacity // block), )](
-        q_offsets, kv_offsets, tile_ends, tiles, costs, batch, capacity, lk, rk, BLOCK_M=block_m, BLOCK_N=block_n,
-        SEARCH_STEPS=batch.bit_length() + 1, BLOCK=block)
-    return tiles, costs
-
-
-@functools.lru_cache(maxsize=None)
-def num_sms(device: torch.device) -> int:
-    """The SMs a persistent grid is sized by: the CUDA device's; 4 under the interpreter, so that the tests see
-    several programs share the work."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
-def zigzag_sm(rank: torch.Tensor, num_sms: int) -> torch.Tensor:
-    """SM of the item at position `rank` of the heaviest-first order."""
-    r, i = rank // num_sms, rank % num_sms
-    return torch.where(r % 2 == 0, i, num_sms - 1 - i)
+def capacity(spec: ScheduleSpec, batch: int) -> int:
+    """Tiles the table holds: enough for any lengths that sum to spec.rows."""
+    return spec.rows // spec.block_m + batch
 
 
 def zigzag_sm_start(n: int, num_sms: int, device) -> torch.Tensor:
-    """First position of each SM's items when n items are dealt in a zigzag (int64 [num_sms + 1]).
+    """First position of each CTA's items when n items are dealt in a zigzag (int64 [num_sms + 1]).
 
-    Closed form, from shapes alone: every full round gives each SM one item; the last, partial round of
-    n % num_sms items goes to SMs 0.. (an even round) or ..num_sms-1 (an odd one)."""
+    Closed form, from shapes alone: every full round gives each CTA one item; the last, partial round of
+    n % num_sms items goes to CTAs 0.. (an even round) or ..num_sms-1 (an odd one)."""
     full, rest = divmod(n, num_sms)
     s = torch.arange(num_sms + 1, device=device)
     extra = torch.clamp(s, max=rest) if full % 2 == 0 else torch.clamp(s - (num_sms - rest), min=0)
     return s * full + extra
 
 
-def build(q_offsets, kv_offsets, rows: int, heads: int, block_m: int, block_n: int, left: int, right: int,
-          num_sms: int) -> Schedule:
-    """The schedule of one attention call (see module doc). rows = query rows (B*Lq in broadcast mode)."""
-    tiles, per_tile = tiles_and_costs(q_offsets, kv_offsets, rows, block_m, block_n, left, right)
-    cost = per_tile.repeat_interleave(heads)  # item id = tile * heads + head
-    n = cost.numel()
-    ranked = torch.sort(cost, descending=True, stable=True).indices  # heaviest first; unused (-1) last
-    # The item of rank r goes to SM zigzag(r), as that SM's (r // num_sms)-th item: one scatter, no second sort.
-    rank = torch.arange(n, device=cost.device)
-    sm_start = zigzag_sm_start(n, num_sms, cost.device)
-    order = torch.empty_like(ranked)
-    order[sm_start[zigzag_sm(rank, num_sms)] + rank // num_sms] = torch.where(cost[ranked] >= 0, ranked, -1)
-    return Schedule(tiles, order.to(torch.int32), sm_start.to(torch.int32), cost.to(torch.int32), heads)
+@triton.jit
+def _offsets_changed(q_offsets, kv_offsets, seen, batch, BLOCK: tl.constexpr):
+    """Whether the live offsets differ from the ones the schedule was built from."""
+    changed = 0
+    for i in range(0, batch + 1, BLOCK):
+        o = i + tl.arange(0, BLOCK)
+        m = o <= batch
+        q = tl.load(q_offsets + o, mask=m, other=0).to(tl.int64)
+        k = tl.load(kv_offsets + o, mask=m, other=0).to(tl.int64)
+        q_seen = tl.load(seen + o, mask=m, other=0)
+        k_seen = tl.load(seen + batch + 1 + o, mask=m, other=0)
+        changed += tl.sum(((q != q_seen) | (k != k_seen)).to(tl.int32), 0)
+    return changed > 0
+
+
+@triton.jit
+def _record_offsets(q_offsets, kv_offsets, seen, tile_ends, batch, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """seen = the live offsets; tile_ends[b] = tiles of sequences 0..b (cumulative)."""
+    carry = 0
+    for i in range(0, batch + 1, BLOCK):
+        o = i + tl.arange(0, BLOCK)
+        m = o <= batch
+        q = tl.load(q_offsets + o, mask=m, other=0).to(tl.int64)
+        tl.store(seen + o, q, mask=m)
+        tl.store(seen + batch + 1 + o, tl.load(kv_offsets + o, mask=m, other=0).to(tl.int64), mask=m)
+        has = o < batch
+        q_len = tl.load(q_offsets + o + 1, mask=has, other=0).to(tl.int32) - q.to(tl.int32)
+        ends = tl.cumsum(tl.where(has, tl.cdiv(q_len, BLOCK_M), 0), 0) + carry
+        tl.store(tile_ends + o, ends, mask=has)
+        carry = tl.max(tl.where(has, ends, 0), 0)
+
+
+@triton.jit
+def _tile_of(idx, tile_ends, batch, SEARCH_STEPS: tl.constexpr):
+    """Sequence of tile ids idx: how many sequences end at or before them (binary search over tile_ends)."""
+    lo = tl.zeros_like(idx)
+    hi = tl.zeros_like(idx) + batch
+    for _ in tl.static_range(SEARCH_STEPS):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        right = (tl.load(tile_ends + mid, mask=active, other=0) <= idx) & active
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & ~right, mid, hi)
+    return lo
+
+
+@triton.jit
+def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order, sm_start, batch, capacity,
+                   heads, ctas, buckets, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    """One CTA: if the offsets changed since the last build, rebuild the schedule (see module doc).
+
+    The deal is a counting sort: cost bucket of a tile = cost + 1 (0 for spare capacity), a histogram, its
+    suffix sums (heavier buckets first), then each tile takes the next rank of its bucket. The order among
+    tiles of equal cost may differ run to run (atomics); every item is still computed by exactly one CTA."""
+    if _offsets_changed(q_offsets, kv_offsets, seen, batch, BLOCK):
+        tile_ends = scratch
+        hist = scratch + batch
+        cursor = hist + buckets
+        _record_offsets(q_offsets, kv_offsets, seen, tile_ends, batch, BLOCK_M, BLOCK)
+        for i in range(0, buckets, BLOCK):
+            o = i + tl.arange(0, BLOCK)
+            tl.store(hist + o, 0, mask=o < buckets)
+        tl.debug_barrier()
+        for t0 in range(0, capacity, BLOCK):  # the tile table and each tile's cost
+            idx = t0 + tl.arange(0, BLOCK)
+            keep = idx < capacity
+            seq = _tile_of(idx, tile_ends, batch, SEARCH_STEPS)
+            valid = seq < batch
+            seq = tl.minimum(seq, batch - 1)
+            q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
+            tile = idx - (tl.load(tile_ends + seq) - tl.cdiv(q_len, BLOCK_M))
+            k_lo, k_hi = key_range(tile * BLOCK_M, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+            cost = tl.where(valid, tl.maximum(tl.cdiv(k_hi - k_lo, BLOCK_N), 0), -1)
+            tl.store(tiles + idx, tl.where(valid, seq, -1), mask=keep)
+            tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
+            tl.store(tile_cost + idx, cost, mask=keep)
+            tl.atomic_add(hist + tl.minimum(cost + 1, buckets - 1), 1, mask=keep)
+        tl.debug_barrier()
+        carry = 0
+        for i in range(0, buckets, BLOCK):  # cursor[b] = tiles in buckets above b (heaviest first)
+            o = buckets - BLOCK - i + tl.arange(0, BLOCK)
+            h = tl.load(hist + o, mask=o >= 0, other=0, cache_modifier=".cg")  # written by atomics in L2
+            tl.store(cursor + o, tl.cumsum(h, 0, reverse=True) - h + carry, mask=o >= 0)
+            carry += tl.sum(h, 0)
+        tl.debug_barrier()
+        for t0 in range(0, capacity, BLOCK):  # rank each tile, deal its items
+            idx = t0 + tl.arange(0, BLOCK)
+            keep = idx < capacity
+            cost = tl.load(tile_cost + idx, mask=keep, other=-1)
+            rank = tl.atomic_add(cursor + tl.minimum(cost + 1, buckets - 1), 1, mask=keep)
+            for h in range(0, heads):
+                r = rank * heads + h
+                rnd = r // ctas
+                sm = tl.where(rnd % 2 == 0, r % ctas, ctas - 1 - r % ctas)
+                slot = tl.load(sm_start + sm, mask=keep, other=0) + rnd
+                tl.store(order + slot, tl.where(cost >= 0, idx * heads + h, -1), mask=keep)
+
+
+def _buckets(spec: ScheduleSpec, kv_rows: int) -> int:
+    """Histogram size: every possible cost (at most the other side's rows in blocks, + 1 for the alignment of
+    a range), + 1 for spare capacity."""
+    return kv_rows // spec.block_n + 3
+
+
+def allocate(spec: ScheduleSpec, batch: int, kv_rows: int, device) -> Schedule:
+    """A schedule's buffers, remembering offsets no batch has (-1), so its first refresh builds it."""
+    cap = capacity(spec, batch)
+    n = cap * spec.heads
+    return Schedule(
+        tiles=torch.empty(2, cap, dtype=torch.int32, device=device),
+        tile_cost=torch.empty(cap, dtype=torch.int32, device=device),
+        order=torch.empty(n, dtype=torch.int32, device=device),
+        sm_start=zigzag_sm_start(n, spec.ctas, device).to(torch.int32),
+        heads=spec.heads,
+        seen=torch.full((2 * (batch + 1),), -1, dtype=torch.int64, device=device),
+        scratch=torch.empty(batch + 2 * _buckets(spec, kv_rows), dtype=torch.int32, device=device))
+
+
+def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows: int) -> Schedule:
+    """Launch refresh_kernel (see module doc): the schedule matches the live offsets once it has run."""
+    batch = q_offsets.numel() - 1
+    check_runnable(q_offsets.device)
+    cap = sched.tiles.shape[1]
+    if batch > 0 and cap > 0:
+        refresh_kernel[(1, )](
+            q_offsets, kv_offsets, sched.seen, sched.scratch, sched.tiles, sched.tile_cost, sched.order,
+            sched.sm_start, batch, cap, spec.heads, spec.ctas, _buckets(spec, kv_rows), spec.left, spec.right,
+            BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, SEARCH_STEPS=batch.bit_length() + 1, BLOCK=1024,
+            num_warps=4)
+    elif cap > 0:  # no sequences: every slot is spare
+        sched.tiles.fill_(-1)
+        sched.order.fill_(-1)
+    return sched
+
+
+def build(q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int) -> Schedule:
+    """A schedule of its own (not cached) for these offsets; kv_rows = rows of the other side (its last
+    offset), which bounds the costs."""
+    batch = q_offsets.numel() - 1
+    return refresh(allocate(spec, batch, kv_rows, q_offsets.device), spec, q_offsets, kv_offsets, kv_rows)
 
 
 def sm_loads(schedule: Schedule, num_sms: int) -> torch.Tensor:
-    """Total cost per SM (float64 [num_sms])."""
+    """Total cost per CTA (float64 [num_sms])."""
     order = schedule.order.long()
     counts = schedule.sm_start[1:].long() - schedule.sm_start[:-1].long()
     sm = torch.repeat_interleave(torch.arange(num_sms, device=order.device), counts)
-    cost = torch.where(order >= 0, schedule.cost.double()[order.clamp(min=0)], 0.0)
+    cost = schedule.tile_cost.double()[order.clamp(min=0) // schedule.heads]
+    cost = torch.where(order >= 0, cost, 0.0)
     return torch.zeros(num_sms, dtype=torch.float64, device=order.device).scatter_add_(0, sm, cost)
 
 
 class ScheduleCache:
-    """Schedules of recent offsets (fwd, bwd and every layer of a step share one batch's offsets).
-
-    A hit needs the very same offsets tensors (held by weak reference, so a freed tensor whose memory is
-    reused never matches) at the same version counter (bumped by in-place writes, e.g. a CUDA graph's static
-    offsets buffer refilled), with the same parameters. Bypassed while a CUDA graph is being captured.
-    """
+    """The schedules of recent offsets tensors (every layer of a step, forward and backward, shares one
+    batch's offsets). An entry matches the very same offsets tensors (held by weak reference, so a freed
+    tensor whose memory is reused never matches) and the same ScheduleSpec; every ``get`` refreshes it on the
+    device (see module doc), so what wrote the offsets in between does not matter. While a CUDA graph is
+    being captured, a schedule of the graph's own is built instead (its buffers belong to the graph)."""
 
     def __init__(self, size: int = 8):
         self.size = size
         self.entries: OrderedDict = OrderedDict()
 
-    def get(self, q_offsets, kv_offsets, *params) -> Schedule:
-        key = (id(q_offsets), id(kv_offsets), params)
-        versions = (q_offsets._version, kv_offsets._version)
+    def get(self, q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int) -> Schedule:
         if q_offsets.is_cuda and torch.cuda.is_current_stream_capturing():
-            return build(q_offsets, kv_offsets, *params)
+            return build(q_offsets, kv_offsets, spec, kv_rows)
+        key = (id(q_offsets), id(kv_offsets), spec, kv_rows)
         hit = self.entries.get(key)
-        if hit is not None and hit[0]() is q_offsets and hit[1]() is kv_offsets and hit[2] == versions:
+        if hit is not None and hit[0]() is q_offsets and hit[1]() is kv_offsets:
             self.entries.move_to_end(key)
-            return hit[3]
-        sched = build(q_offsets, kv_offsets, *params)
-        self.entries[key] = (weakref.ref(q_offsets), weakref.ref(kv_offsets), versions, sched)
+            return refresh(hit[2], spec, q_offsets, kv_offsets, kv_rows)
+        sched = allocate(spec, q_offsets.numel() - 1, kv_rows, q_offsets.device)
+        self.entries[key] = (weakref.ref(q_offsets), weakref.ref(kv_offsets), sched)
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
-        return sched
+        return refresh(sched, spec, q_offsets, kv_offsets, kv_rows)
+
+
+CACHE = ScheduleCache()  # the one cache, shared by every kernel that takes a schedule

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import jfa  # noqa: F401  (turns on Triton's interpreter on a machine without CUDA before triton is imported)
-from jfa.triton.launch import interpreting
+from jfa.runtime import interpreting
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,12 +1,55 @@
-"""The persistent kernels' tile schedule (jfa.schedule): exact per-tile costs, every item exactly once, and
-the load balance the zigzag deal reaches on the suite's skewed workloads."""
+"""The persistent kernels' tile schedule (jfa.schedule, its kernel run by Triton's interpreter here): the tile
+table, each tile's cost and the heaviest-first zigzag deal against a brute-force spec written from the
+visibility rule; the load balance on the suite's skewed workloads; and reuse that stays correct whatever
+rewrote the offsets in place (#16)."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from jfa import schedule
 from jfa.bench import suite
-from jfa.jagged import resolve_window, tile_table, visible_mask
+from jfa.jagged import resolve_window, visible_mask
+from jfa.schedule import ScheduleSpec
 from jfa.testing import offsets_of
+
+pytestmark = pytest.mark.interpreter
+
+
+def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec):
+    """Brute force: (tiles [(seq, tile)], cost per tile slot, per-CTA list of item costs in deal order).
+
+    A tile of rows [m0, m0 + block_m) visits the key blocks from the first visible key, aligned down to
+    block_n, to the last visible key; items are ranked by cost, heaviest first (ties in id order), and the
+    item of rank r goes to CTA zigzag(r)."""
+    tiles, costs = [], []
+    for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
+        mask = visible_mask(lq, lk, spec.left, spec.right)
+        for t in range(-(-lq // spec.block_m)):
+            keys = torch.nonzero(mask[t * spec.block_m:(t + 1) * spec.block_m].any(0)).flatten()
+            first = int(keys.min()) // spec.block_n * spec.block_n if len(keys) else 0
+            costs.append(-(-(int(keys.max()) + 1 - first) // spec.block_n) if len(keys) else 0)
+            tiles.append((b, t))
+    costs += [-1] * (schedule.capacity(spec, len(q_lens)) - len(costs))
+    items = [costs[i // spec.heads] for i in range(len(costs) * spec.heads)]
+    per_cta = [[] for _ in range(spec.ctas)]
+    for r, i in enumerate(sorted(range(len(items)), key=lambda i: -items[i])):
+        rnd, k = divmod(r, spec.ctas)
+        per_cta[k if rnd % 2 == 0 else spec.ctas - 1 - k].append(items[i])
+    return tiles, costs, per_cta
+
+
+def check_against_spec(sched, q_lens, kv_lens, spec):
+    tiles, costs, per_cta = spec_schedule(q_lens, kv_lens, spec)
+    got_tiles = [(int(b), int(t)) for b, t in zip(*sched.tiles.tolist()) if b >= 0]
+    assert got_tiles == tiles
+    assert sched.tile_cost.tolist() == costs
+    start, order = sched.sm_start.tolist(), sched.order.tolist()
+    got = [[costs[i // spec.heads] if i >= 0 else -1 for i in order[start[k]:start[k + 1]]] for k in range(spec.ctas)]
+    assert got == per_cta
+    real = [i for i in range(len(costs) * spec.heads) if costs[i // spec.heads] >= 0]
+    assert sorted(i for i in order if i >= 0) == real
+
 
 CASES = {
     "self": ([0, 1, 63, 64, 65, 129, 300], None, False, (-1, -1)),
@@ -14,81 +57,40 @@ CASES = {
     "window": ([1, 65, 300], None, False, (40, 7)),
     "cross-causal": ([129, 5, 70], [17, 300, 0], True, (-1, -1)),
     "cross-window": ([17, 300], [129, 65], False, (3, 90)),
+    "empty-sequences": ([0, 0, 5, 0], None, False, (-1, -1)),
+    "one-sequence": ([129], [200], True, (-1, -1)),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("block_m,block_n", [(64, 32), (128, 128)])
-def test_key_block_counts_match_brute_force(name, block_m, block_n):
+@pytest.mark.parametrize("block_m,block_n,heads,ctas", [(64, 32, 2, 3), (128, 128, 3, 5), (32, 64, 1, 4)])
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_schedule_matches_the_spec(name, block_m, block_n, heads, ctas, offsets_dtype):
     q_lens, kv_lens, causal, window = CASES[name]
     kv_lens = kv_lens or q_lens
-    left, right = resolve_window(causal, window)
-    qo, ko = offsets_of(q_lens), offsets_of(kv_lens)
-    tiles = tile_table(qo, block_m, int(qo[-1]))
-    got = schedule.key_block_counts(qo, ko, tiles, block_m, block_n, left, right)
-    for t in range(tiles.shape[1]):
-        b, m = int(tiles[0, t]), int(tiles[1, t])
-        if b < 0:
-            assert got[t] == -1
-            continue
-        mask = visible_mask(q_lens[b], kv_lens[b], left, right)[m * block_m:(m + 1) * block_m]
-        blocks_seen = set((torch.nonzero(mask.any(0)).flatten() // block_n).tolist())
-        assert int(got[t]) == len(blocks_seen), (b, m)
+    qo, ko = offsets_of(q_lens, dtype=offsets_dtype), offsets_of(kv_lens, dtype=offsets_dtype)
+    spec = ScheduleSpec(int(qo[-1]), heads, block_m, block_n, *resolve_window(causal, window), ctas)
+    check_against_spec(schedule.build(qo, ko, spec, int(ko[-1])), q_lens, kv_lens, spec)
 
 
-@pytest.mark.parametrize("name", list(CASES) + ["broadcast", "empty-sequences", "one-sequence"])
-@pytest.mark.parametrize("block_m,block_n", [(64, 32), (128, 128), (32, 64)])
-@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
-def test_fused_tile_table_and_costs_match_the_spec(name, block_m, block_n, offsets_dtype):
-    """The one-kernel bookkeeping (Triton; the interpreter here) gives the torch spec's table and counts."""
-    if name == "broadcast":  # 3 rows of q against each of 5 kv sequences: row offsets b * 3
-        qo, ko = torch.arange(6) * 3, offsets_of([0, 1, 65, 300, 7])
-        rows, window = 15, (-1, 0)
-    else:
-        q_lens, kv_lens, causal, window = CASES.get(name, ([0, 0, 5, 0], None, False, (-1, -1)) if name ==
-                                                    "empty-sequences" else ([129], [200], True, (-1, -1)))
-        qo, ko = offsets_of(q_lens), offsets_of(kv_lens or q_lens)
-        rows, window = int(qo[-1]), resolve_window(causal, window)
-    qo, ko = qo.to(offsets_dtype), ko.to(offsets_dtype)
-    want = schedule.tiles_and_costs(qo, ko, rows, block_m, block_n, *window, fused=False)
-    got = schedule.tiles_and_costs(qo, ko, rows, block_m, block_n, *window, fused=True)
-    assert got[0].tolist() == want[0].tolist()
-    assert got[1].tolist() == want[1].tolist()
+def test_many_tiles_match_the_spec():
+    """More tiles than the kernel handles in one chunk (1024), and cost buckets spread over several chunks."""
+    q_lens = [(7 * i) % 5 for i in range(1500)] + [2000]
+    qo = offsets_of(q_lens)
+    spec = ScheduleSpec(int(qo[-1]), 2, 32, 1, *resolve_window(True, (-1, -1)), 7)
+    check_against_spec(schedule.build(qo, qo, spec, int(qo[-1])), q_lens, q_lens, spec)
 
 
-def test_every_item_exactly_once_and_heaviest_first_per_sm():
-    lens = [0, 1, 63, 65, 129, 1000, 4000, 17]
-    qo = offsets_of(lens)
-    sched = schedule.build(qo, qo, int(qo[-1]), 4, 128, 128, -1, 0, num_sms=7)
-    order = sched.order.long()
-    valid = order[order >= 0]
-    real_items = torch.nonzero(sched.cost >= 0).flatten()
-    assert sorted(valid.tolist()) == real_items.tolist()
-    start = sched.sm_start.tolist()
-    assert start[0] == 0 and start[-1] == order.numel()
-    for s in range(7):
-        costs = sched.cost[order[start[s]:start[s + 1]].clamp(min=0)]
-        costs = costs[order[start[s]:start[s + 1]] >= 0]
-        assert torch.all(costs[:-1] >= costs[1:])  # heaviest first within each SM
-
-
-@pytest.mark.parametrize("n,num_sms", [(0, 5), (3, 5), (5, 5), (7, 5), (12, 5), (23, 4), (1000, 132)])
-def test_items_are_dealt_in_a_zigzag(n, num_sms):
-    """The item of rank r sits on SM zigzag(r) (0..S-1 on even rounds, S-1..0 on odd ones), after the ones of
-    lower rank on that SM: the deal written out item by item, against build's closed form."""
-    cost = torch.randint(0, 9, (n,), generator=torch.Generator().manual_seed(n))
-    qo = offsets_of([128] * n)  # one 128-row tile per sequence, one head: item id = sequence
-    ko = offsets_of([int(c) * 16 for c in cost])  # cost = key blocks of 16
-    sched = schedule.build(qo, ko, 128 * n, 1, 128, 16, -1, -1, num_sms)
-    full = sched.cost.tolist()  # the tile table's spare capacity: cost -1, dealt last, marked -1
-    assert full[:n] == cost.tolist() and all(c == -1 for c in full[n:])
-    ranked = sorted(range(len(full)), key=lambda i: -full[i])  # stable: ties keep the lower id first
-    per_sm = [[] for _ in range(num_sms)]
-    for r, item in enumerate(ranked):
-        rnd, i = divmod(r, num_sms)
-        per_sm[i if rnd % 2 == 0 else num_sms - 1 - i].append(item if full[item] >= 0 else -1)
-    start = sched.sm_start.tolist()
-    assert [sched.order[start[s]:start[s + 1]].tolist() for s in range(num_sms)] == per_sm
+def test_broadcast_and_transposed_schedules_match_the_spec():
+    """Broadcast q (row offsets b * Lq) and the dK/dV pass's schedule (key tiles: sides swapped, window
+    mirrored) are the same construction."""
+    kv_lens = [0, 1, 65, 300, 7]
+    qo, ko = torch.arange(len(kv_lens) + 1) * 3, offsets_of(kv_lens)
+    left, right = resolve_window(True, (-1, -1))
+    spec = ScheduleSpec(int(qo[-1]), 2, 32, 64, left, right, 3)
+    check_against_spec(schedule.build(qo, ko, spec, int(ko[-1])), [3] * len(kv_lens), kv_lens, spec)
+    swapped = ScheduleSpec(int(ko[-1]), 2, 64, 32, right, left, 3)
+    check_against_spec(schedule.build(ko, qo, swapped, int(qo[-1])), kv_lens, [3] * len(kv_lens), swapped)
 
 
 SKEWED = ["self-skewed-8k", "causal-skewed-4k", "pma-256"]
@@ -96,29 +98,65 @@ SKEWED = ["self-skewed-8k", "causal-skewed-4k", "pma-256"]
 
 @pytest.mark.parametrize("name", SKEWED)
 def test_zigzag_balances_skewed_workloads(name):
-    """max SM load / mean <= 1.05 with 128x128 tiles on the H200's 132 SMs (issue target)."""
+    """max CTA load / mean <= 1.05 with 128x128 tiles on the H200's 132 SMs."""
     w = next(w for w in suite.load_suite()[1] if w.name == name)
     kv = suite.kv_lengths(w)
     ko = offsets_of(kv.tolist())
-    if w.mode == "broadcast":
-        qo = torch.arange(kv.numel() + 1, dtype=torch.int32) * w.q_len
-    else:
-        qo = ko
-    left, right = resolve_window(False, tuple(w.window))
-    sched = schedule.build(qo, ko, int(qo[-1]), w.heads_q, 128, 128, left, right, num_sms=132)
-    loads = schedule.sm_loads(sched, 132)
+    qo = torch.arange(kv.numel() + 1, dtype=torch.int32) * w.q_len if w.mode == "broadcast" else ko
+    spec = ScheduleSpec(int(qo[-1]), w.heads_q, 128, 128, *resolve_window(False, tuple(w.window)), 132)
+    loads = schedule.sm_loads(schedule.build(qo, ko, spec, int(ko[-1])), 132)
     ratio = (loads.max() / loads.mean()).item()
-    assert ratio <= 1.05, f"{name}: max/mean SM load {ratio:.3f}"
+    assert ratio <= 1.05, f"{name}: max/mean CTA load {ratio:.3f}"
 
 
-def test_cache_hits_same_tensor_and_rebuilds_after_in_place_change():
+@triton.jit
+def _copy_kernel(dst, src, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(dst + o, tl.load(src + o, mask=o < n), mask=o < n)
+
+
+def _rewrite(offsets, new, how):
+    """Write `new` into `offsets` in place, the ways a data pipeline does (#16)."""
+    if how == "copy_":
+        offsets.copy_(new)
+    elif how == ".data":  # bypasses the version counter
+        offsets.data[:] = new
+    elif how == "kernel":  # a kernel storing into a preallocated buffer: invisible to PyTorch
+        _copy_kernel[(1,)](offsets, new, new.numel(), BLOCK=triton.next_power_of_2(new.numel()))
+    else:
+        raise ValueError(how)
+
+
+@pytest.mark.parametrize("how", ["copy_", ".data", "kernel"])
+def test_cached_schedule_follows_offsets_rewritten_in_place(how):
+    """The same offsets tensors with new values (same batch and total): the cache hands back its schedule,
+    refreshed on the device to match a fresh build, however the values were written."""
+    cache = schedule.ScheduleCache()
+    first, second = [100, 0, 300, 112], [1, 255, 200, 56]
+    qo = offsets_of(first)
+    version = qo._version
+    spec = ScheduleSpec(512, 2, 64, 32, *resolve_window(True, (-1, -1)), 3)
+    a = cache.get(qo, qo, spec, 512)
+    check_against_spec(a, first, first, spec)
+    _rewrite(qo, offsets_of(second), how)
+    if how == ".data":
+        assert qo._version == version, "the rewrite was meant to leave the version counter alone"
+    b = cache.get(qo, qo, spec, 512)
+    assert b is a  # the same buffers, rebuilt in place
+    check_against_spec(b, second, second, spec)
+
+
+def test_cache_refresh_rebuilds_only_when_the_offsets_change():
+    """A hit with unchanged offsets leaves the schedule's buffers alone (the refresh kernel compares and stops);
+    a change rebuilds them; an equal but different tensor gets an entry of its own."""
     cache = schedule.ScheduleCache()
     qo = offsets_of([5, 300, 64])
-    params = (int(qo[-1]), 2, 64, 64, -1, -1, 4)
-    a = cache.get(qo, qo, *params)
-    assert cache.get(qo, qo, *params) is a
-    qo[1:].copy_(offsets_of([100, 205, 64])[1:])  # same total, new lengths, in place
-    b = cache.get(qo, qo, *params)
-    assert b is not a and not torch.equal(a.cost, b.cost)
+    spec = ScheduleSpec(int(qo[-1]), 2, 64, 64, *resolve_window(False, (-1, -1)), 4)
+    a = cache.get(qo, qo, spec, int(qo[-1]))
+    a.order.fill_(-7)  # poison: a rebuild would overwrite it
+    assert cache.get(qo, qo, spec, int(qo[-1])) is a and bool((a.order == -7).all())
+    qo[1:].copy_(offsets_of([100, 205, 64])[1:])
+    assert cache.get(qo, qo, spec, int(qo[-1])) is a and not bool((a.order == -7).any())
+    check_against_spec(a, [100, 205, 64], [100, 205, 64], spec)
     other = qo.clone()
-    assert cache.get(other, other, *params) is not b  # an equal but different tensor: built anew
+    assert cache.get(other, other, spec, int(qo[-1])) is not a

@@ -104,17 +104,3 @@ def test_triton_random_offsets(q_lens, cross, kv_extra, left, right, heads, seed
         return
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
-
-
-@pytest.mark.parametrize("name", ["self-awkward", "self-causal", "cross-lq<lk-window", "empty-kv-nonempty-q",
-                                  "gqa-4-2", "broadcast-causal", "all-empty"])
-def test_persistent_forward_matches_grid_forward(name):
-    """The persistent, load-balanced forward (jfa.schedule) computes exactly what the grid forward does."""
-    from jfa.triton import launch
-    case = make_case(**CASES[name])
-    args = (case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right,
-            case.broadcast)
-    out_grid, lse_grid = launch.forward(*args, schedule="grid")
-    out_pers, lse_pers = launch.forward(*args, schedule="persistent")
-    torch.testing.assert_close(out_pers, out_grid, rtol=0, atol=0)
-    torch.testing.assert_close(lse_pers, lse_grid, rtol=0, atol=0)

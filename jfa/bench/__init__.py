@@ -11,7 +11,6 @@ interpreter), so the command is never a dead end.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -126,8 +125,3 @@ def main(argv=None) -> int:
         print(f"providers that disagree with the reference (not timed): {', '.join(wrong)}")
     jfa_wrong = [x for x in wrong if x.split("/")[1].startswith("jfa")]
     return 1 if jfa_wrong else 0
-
-
-def load_results(path) -> dict:
-    with open(path) as f:
-        return json.load(f)

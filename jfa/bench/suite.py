@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..jagged import resolve_window, visible_pairs
+from ..jagged import causal_window, visible_pairs
 
 DISTS = ("uniform", "skewed", "full")
 MODES = ("self", "broadcast")
@@ -152,7 +152,7 @@ def read_lengths_file(path) -> list[int]:
 def workload_from_lengths(path, *, heads_q=4, heads_kv=None, head_dim=128, mode="self", q_len=64,
                           window=(-1, -1), causal=False) -> Workload:
     lens = read_lengths_file(path)
-    left, right = resolve_window(causal, tuple(window))
+    left, right = causal_window(causal, tuple(window))
     w = Workload(name=Path(path).stem, mode=mode, batch=len(lens), max_len=max(lens), dist="file", seed=0,
                  heads_q=heads_q, heads_kv=heads_kv or heads_q, head_dim=head_dim, window=(left, right),
                  q_len=q_len if mode == "broadcast" else 0, lengths=tuple(lens))

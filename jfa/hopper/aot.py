@@ -10,8 +10,9 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 
-from ..triton.aot import Report, _ptxas_report
+from ..triton.aot import Report, ptxas_report
 from . import bwd, bwd_dq, fwd
+from .config import select_dkdv, select_dq, select_fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")
@@ -25,7 +26,7 @@ def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options)
            else types.get(arg, "i32") for arg in kernel.arg_names}
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
     asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options)).asm
-    regs, spills = _ptxas_report(asm["ptx"])
+    regs, spills = ptxas_report(asm["ptx"])
     report = Report(name, head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", asm["ptx"])), regs, spills,
                     asm["ptx"])
     report.ttgir = asm["ttgir"]
@@ -34,15 +35,15 @@ def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options)
 
 def producer_loop_bounds_are_per_item(ttgir: str) -> bool:
     """In the 1-warp TMA producer partition, are the bounds of the K/V loop computed inside the loop over
-    items? triton 3.6 once hoisted them to the first item's values (a prefetched
-    form, docs/perf-notes.md), which deadlocks the kernel; this checks the compiled IR for that."""
+    items? triton 3.6 once hoisted them to the first item's values (a prefetched form, docs/hopper.md), which
+    deadlocks the kernel; this checks the compiled IR for that."""
     text = re.sub(r" loc\([^)]*\)", "", ttgir)
     start = text.index("num_warps(1)")
     body = text[start:]
     loops = list(re.finditer(r"scf\.for %\S+ = (%[\w#]+) to (%[\w#]+) step", body))
     if len(loops) < 2:
         raise ValueError("producer loops not found in the TTGIR")
-    item_loop, kv_loop = loops[0], loops[1]  # the producer's two loops: over its items, over an item's K/V
+    item_loop, kv_loop = loops[0], loops[1]  # the producer's two loops: over its items, over an item's blocks
     for bound in kv_loop.groups():
         define = re.search(re.escape(bound) + r" = ", body)
         if define is None or not item_loop.start() < define.start() < kv_loop.start():
@@ -54,38 +55,35 @@ def _host_tensor(head_dim, dtype):
     return torch.empty(128, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
 
 
-def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None) -> Report:
-    cfg = fwd.config(head_dim, variant)
+def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
+    cfg = select_fwd(head_dim)
     x = _host_tensor(head_dim, dtype)
-    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg.block_n)))
-    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-                      PINGPONG=cfg.pingpong, PREFETCH=cfg.prefetch, PAIRS=cfg.pairs, BROADCAST=broadcast,
-                      num_warps=4)
+    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg)))
+    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
+                      BROADCAST=broadcast, num_warps=4)
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
-    return _compile("hopper_fwd", fwd.hopper_fwd_ws_kernel, descs, constexprs, types, head_dim, dtype,
+    return _compile("hopper_fwd", fwd.hopper_fwd_kernel, descs, constexprs, types, head_dim, dtype,
                     **cfg.launch_options())
 
 
-def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, variant=None) -> Report:
+def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
     """The dK/dV kernel (jfa.hopper.bwd)."""
-    cfg = bwd.config(head_dim, variant)
+    cfg = select_dkdv(head_dim)
     x = _host_tensor(head_dim, dtype)
-    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, cfg.block_m)))
-    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, STAGES=bwd.STAGES, BROADCAST=broadcast,
-                      PEEL=cfg.peel, SERIAL=cfg.serial, FUSE_DQ=cfg.fuse_dq, num_warps=4)
-    types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "DQ": "*fp32" if cfg.fuse_dq else f"*{_TL[dtype]}",
-             "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
+    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, cfg)))
+    constexprs = dict(GROUP=1, BLOCK_M=cfg.block_m, STAGES=cfg.stages, SERIAL=cfg.serial, BROADCAST=broadcast,
+                      num_warps=4)
+    types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
     return _compile("hopper_dkdv", bwd.hopper_dkdv_kernel, descs, constexprs, types, head_dim, dtype)
 
 
 def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
     """The dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials."""
+    cfg = select_dq(head_dim)
     x = _host_tensor(head_dim, dtype)
-    block_n = bwd_dq.BLOCK_N[head_dim]
-    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, block_n)))
-    constexprs = dict(GROUP=1, HEAD_DIM=head_dim, BLOCK_N=block_n, STAGES=bwd_dq.STAGES, BROADCAST=broadcast,
-                      num_warps=4)
+    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, cfg)))
+    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, BROADCAST=broadcast, num_warps=4)
     types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
     return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, descs, constexprs, types, head_dim, dtype)

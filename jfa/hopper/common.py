@@ -1,18 +1,39 @@
-"""Shared by the Hopper kernels' launchers: TMA descriptors over packed jagged tensors."""
-from __future__ import annotations
+"""What the Hopper kernels share: TMA descriptors over packed jagged tensors, and the aggregates their
+partitions are written with.
 
+  Batch          the jagged batch as the kernels see it: both offsets tensors and the window
+  WorkList       this CTA's items of a jfa.schedule; ``item(idx)`` -> Item
+  Item           one work item: a tile of one sequence and head, and the range of the other side it sees
+  Ring           a STAGES-deep ring of two operands' blocks streamed by the producer (K and V, or Q and dO)
+  ItemOperands   operands loaded once per item, one block per consumer warpgroup (Q; K and V; Q and dO)
+
+The barrier protocol is the same everywhere: a ready barrier (count 1) completes when the producer's TMA bytes
+land (expect-tx); an empty barrier counts one release per consumer, and the producer waits on it with the
+phase flipped (a fresh barrier passes a wait on phase 1). Producer and consumers count items (t) and blocks
+(it) the same way, so every wait has exactly one matching completion.
+
+(No ``from __future__ import annotations`` in a module that defines an aggregate: its fields' annotations must
+be types, which the aggregate checks values against.)
+"""
 import torch
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.language.core import _aggregate as aggregate  # Gluon 3.6's aggregate (no public name yet)
+
+from ..geometry import key_range, query_range, sequence_bounds
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+WG_ROWS = gl.constexpr(64)  # rows of a consumer warpgroup's tile (one wgmma m64 instruction tall)
 
 
 def tma_descriptor(x: torch.Tensor, block_rows: int):
     """A Gluon TMA descriptor over x [rows, H, D] viewed as [rows, H*D], in [block_rows, D] boxes (one head).
 
     A box that runs past a sequence reads the next sequence's rows (the kernels mask them); past the tensor's
-    end TMA fills zeros. Needs a 16-byte aligned base (callers clone() an unaligned view) and rows whose
-    H*D elements are contiguous (any row stride that is a multiple of 16 bytes).
+    end TMA fills zeros. Needs a 16-byte aligned base (see aligned) and rows whose H*D elements are contiguous
+    (any row stride that is a multiple of 16 bytes).
     """
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     d = x.shape[2]
@@ -24,3 +45,230 @@ def tma_descriptor(x: torch.Tensor, block_rows: int):
 def aligned(*tensors):
     """The tensors, each cloned if its base is not 16-byte aligned (TMA's requirement)."""
     return tuple(x if x.data_ptr() % 16 == 0 else x.clone() for x in tensors)
+
+
+@aggregate
+class Batch:
+    q_offsets: gl.tensor
+    kv_offsets: gl.tensor
+    LEFT: gl.tensor
+    RIGHT: gl.tensor
+
+    @constexpr_function
+    def __init__(self, q_offsets, kv_offsets, LEFT, RIGHT):
+        self.q_offsets = q_offsets
+        self.kv_offsets = kv_offsets
+        self.LEFT = LEFT
+        self.RIGHT = RIGHT
+
+    @gluon.jit
+    def create(q_offsets, kv_offsets, LEFT, RIGHT):
+        # to_tensor: an int argument equal to 1 arrives as a constexpr (Triton's specialization)
+        return Batch(q_offsets, kv_offsets, gl.to_tensor(LEFT), gl.to_tensor(RIGHT))
+
+
+@aggregate
+class Item:
+    """Rows [start, start + BLOCK) of one side of sequence seq (queries, or keys for the dK/dV pass), one head
+    (a query head, or a kv head), and [lo, hi): the rows of the other side it sees (jfa.geometry)."""
+    valid: gl.tensor
+    head: gl.tensor
+    start: gl.tensor
+    q_start: gl.tensor
+    q_len: gl.tensor
+    kv_start: gl.tensor
+    kv_len: gl.tensor
+    lo: gl.tensor
+    hi: gl.tensor
+
+    @constexpr_function
+    def __init__(self, valid, head, start, q_start, q_len, kv_start, kv_len, lo, hi):
+        self.valid = valid
+        self.head = head
+        self.start = start
+        self.q_start = q_start
+        self.q_len = q_len
+        self.kv_start = kv_start
+        self.kv_len = kv_len
+        self.lo = lo
+        self.hi = hi
+
+
+@aggregate
+class WorkList:
+    tiles: gl.tensor
+    order: gl.tensor
+    sm_start: gl.tensor
+    tile_capacity: gl.tensor
+    heads: gl.tensor
+
+    @constexpr_function
+    def __init__(self, tiles, order, sm_start, tile_capacity, heads):
+        self.tiles = tiles
+        self.order = order
+        self.sm_start = sm_start
+        self.tile_capacity = tile_capacity
+        self.heads = heads
+
+    @gluon.jit
+    def create(tiles, order, sm_start, tile_capacity, heads):
+        return WorkList(tiles, order, sm_start, gl.to_tensor(tile_capacity), gl.to_tensor(heads))
+
+    @gluon.jit
+    def bounds(self):
+        """[first, end): this CTA's slots of the schedule's order."""
+        i_sm = gl.program_id(0)
+        return gl.load(self.sm_start + i_sm), gl.load(self.sm_start + i_sm + 1)
+
+    @gluon.jit
+    def item(self, idx, batch, BLOCK: gl.constexpr, OTHER_BLOCK: gl.constexpr, KEY_TILES: gl.constexpr):
+        """Slot idx's Item: query tiles of BLOCK rows (their key range aligned to OTHER_BLOCK), or with
+        KEY_TILES key tiles of BLOCK keys (their query range aligned to OTHER_BLOCK). Each partition computes
+        it afresh every turn (see docs/hopper.md: values carried across turns once miscompiled)."""
+        item = gl.load(self.order + idx)
+        i_tile = gl.maximum(item, 0) // self.heads
+        seq = gl.maximum(gl.load(self.tiles + i_tile), 0)
+        start = gl.load(self.tiles + self.tile_capacity + i_tile) * BLOCK
+        q_start, q_len, kv_start, kv_len = sequence_bounds(batch.q_offsets, batch.kv_offsets, seq)
+        if KEY_TILES:
+            lo, hi = query_range(start, q_len, kv_len, batch.LEFT, batch.RIGHT, OTHER_BLOCK, BLOCK)
+        else:
+            lo, hi = key_range(start, q_len, kv_len, batch.LEFT, batch.RIGHT, BLOCK, OTHER_BLOCK)
+        return Item(item >= 0, gl.maximum(item, 0) % self.heads, start, q_start, q_len, kv_start, kv_len, lo, hi)
+
+
+@aggregate
+class Ring:
+    """STAGES slots of one block of each of two operands, refilled by the producer as the consumers release
+    them. SPLIT: a ready barrier per operand (a consumer can start on the first operand alone), else one."""
+    a: gl.shared_memory_descriptor
+    b: gl.shared_memory_descriptor
+    a_ready: gl.shared_memory_descriptor
+    b_ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    STAGES: gl.constexpr
+    SPLIT: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, a, b, a_ready, b_ready, empty, STAGES, SPLIT):
+        self.a = a
+        self.b = b
+        self.a_ready = a_ready
+        self.b_ready = b_ready
+        self.empty = empty
+        self.STAGES = gl.constexpr(STAGES)
+        self.SPLIT = gl.constexpr(SPLIT)
+
+    @gluon.jit
+    def alloc(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr):
+        a = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
+        b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
+        a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b_ready = a_ready
+        if SPLIT:
+            b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(a_ready.index(i), count=1)
+            if SPLIT:
+                mbarrier.init(b_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        return Ring(a, b, a_ready, b_ready, empty, STAGES, SPLIT)
+
+    @gluon.jit
+    def fill(self, it, a_desc, a_coord, b_desc, b_coord):
+        """Producer: wait until block `it`'s slot is free, then TMA-load both operands into it."""
+        slot = it % self.STAGES
+        mbarrier.wait(self.empty.index(slot), ((it // self.STAGES) & 1) ^ 1)
+        if self.SPLIT:
+            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
+            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
+        tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
+
+    @gluon.jit
+    def wait(self, it):
+        """Consumer: block `it`'s two operands, once they have landed."""
+        slot = it % self.STAGES
+        mbarrier.wait(self.a_ready.index(slot), (it // self.STAGES) & 1)
+        if self.SPLIT:
+            mbarrier.wait(self.b_ready.index(slot), (it // self.STAGES) & 1)
+        return self.a.index(slot), self.b.index(slot)
+
+    @gluon.jit
+    def wait_a(self, it):
+        """Consumer: block `it`'s first operand, once it has landed."""
+        slot = it % self.STAGES
+        mbarrier.wait(self.a_ready.index(slot), (it // self.STAGES) & 1)
+        return self.a.index(slot)
+
+    @gluon.jit
+    def wait_b(self, it):
+        slot = it % self.STAGES
+        mbarrier.wait(self.b_ready.index(slot), (it // self.STAGES) & 1)
+        return self.b.index(slot)
+
+    @gluon.jit
+    def release(self, it):
+        """Consumer: done reading block `it`'s slot (after the MMAs that read it completed)."""
+        mbarrier.arrive(self.empty.index(it % self.STAGES), count=1)
+
+
+@aggregate
+class ItemOperands:
+    """One block of one or two operands per consumer warpgroup, loaded once per item: ready[w] completes when
+    consumer w's block lands; empty counts one release per consumer."""
+    a: gl.shared_memory_descriptor
+    b: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    TWO: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, a, b, ready, empty, TWO):
+        self.a = a
+        self.b = b
+        self.ready = ready
+        self.empty = empty
+        self.TWO = gl.constexpr(TWO)
+
+    @gluon.jit
+    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr):
+        a = gl.allocate_shared_memory(a_desc.dtype, [CONSUMERS] + a_desc.block_shape, a_desc.layout)
+        b = a
+        if TWO:
+            b = gl.allocate_shared_memory(b_desc.dtype, [CONSUMERS] + b_desc.block_shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(empty, count=CONSUMERS)
+        for w in gl.static_range(CONSUMERS):
+            mbarrier.init(ready.index(w), count=1)
+        return ItemOperands(a, b, ready, empty, TWO)
+
+    @gluon.jit
+    def acquire(self, t):
+        """Producer: wait until every consumer has released item t - 1's blocks."""
+        mbarrier.wait(self.empty, (t & 1) ^ 1)
+
+    @gluon.jit
+    def load(self, w: gl.constexpr, a_desc, a_coord, b_desc, b_coord):
+        """Producer: TMA-load consumer w's block(s) of the item (after acquire)."""
+        bar = self.ready.index(w)
+        if self.TWO:
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(w))
+            tma.async_copy_global_to_shared(b_desc, b_coord, bar, self.b.index(w))
+        else:
+            mbarrier.expect(bar, a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(w))
+
+    @gluon.jit
+    def wait(self, t, w: gl.constexpr):
+        """Consumer w: item t's blocks have landed."""
+        mbarrier.wait(self.ready.index(w), t & 1)
+
+    @gluon.jit
+    def release(self):
+        mbarrier.arrive(self.empty, count=1)

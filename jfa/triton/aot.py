@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import kernels
-from .launch import _dot_mode, configs
+from .launch import dot_mode, select_config
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DEVICE = torch.device("cuda")  # configs for the GPU; nothing is allocated
@@ -37,7 +37,8 @@ class Report:
     ptx: str
 
 
-def _ptxas_report(ptx: str):
+def ptxas_report(ptx: str) -> tuple[int, int]:
+    """(registers, spill bytes) of a PTX module, from ptxas -v for sm_90a (the ptxas in Triton's wheel)."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
@@ -58,18 +59,15 @@ def _signature(fn, types: dict, constexprs: dict):
 
 def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool = False) -> Report:
     """Compile one kernel for sm_90 with the config the launcher would pick."""
-    t, cfgs = _TL[dtype], configs(_DEVICE, head_dim, dtype)
-    common = dict(GROUP=1, D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), DOT=_dot_mode(dtype),
+    t, cfgs = _TL[dtype], select_config(_DEVICE, head_dim, dtype)
+    common = dict(GROUP=1, D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), DOT=dot_mode(dtype),
                   BROADCAST=broadcast)
-    ptr = {"q_offsets": "*i32", "kv_offsets": "*i32", "tiles": "*i32", "order": "*i32", "sm_start": "*i32",
-           "LSE": "*fp32", "DELTA": "*fp32",
+    ptr = {"q_offsets": "*i32", "kv_offsets": "*i32", "tiles": "*i32", "LSE": "*fp32", "DELTA": "*fp32",
            "DLSE": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
     for x in ("Q", "K", "V", "O", "DO", "DK", "DV"):
         ptr[x] = f"*{t}"
     if name == "fwd":
         fn, cfg = kernels.attention_fwd_kernel, cfgs.fwd
-    elif name == "fwd_persistent":
-        fn, cfg = kernels.attention_fwd_persistent_kernel, cfgs.fwd_persistent
     elif name == "dkdv":
         fn, cfg = kernels.attention_bwd_dkdv_kernel, cfgs.dkdv
     elif name == "dq":
@@ -87,11 +85,11 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
     src = ASTSource(fn=fn, signature=_signature(fn, ptr, constexprs), constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
-    regs, spills = _ptxas_report(ptx)
+    regs, spills = ptxas_report(ptx)
     return Report(name, head_dim, t, len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
 
 
-KERNELS = ("fwd", "fwd_persistent", "dkdv", "dq", "preprocess")
+KERNELS = ("fwd", "dkdv", "dq", "preprocess")
 
 
 def main() -> int:

@@ -1,7 +1,6 @@
 """The portable Triton kernels (compiled for the GPU, or run by Triton's interpreter on CPU tensors)."""
 from .bwd import attention_bwd_dkdv_kernel, attention_bwd_dq_kernel, attention_bwd_preprocess_kernel
-from .fwd import attention_fwd_kernel, attention_fwd_persistent_kernel
-from .tiles import tile_table_kernel
+from .fwd import attention_fwd_kernel
 
-__all__ = ["attention_fwd_kernel", "attention_fwd_persistent_kernel", "attention_bwd_preprocess_kernel", "attention_bwd_dkdv_kernel",
-           "attention_bwd_dq_kernel", "tile_table_kernel"]
+__all__ = ["attention_fwd_kernel", "attention_bwd_preprocess_kernel", "attention_bwd_dkdv_kernel",
+           "attention_bwd_dq_kernel"]

@@ -2,9 +2,9 @@
 
 1. preprocess: Delta = rowsum(dO * O) - dLSE, float32 [Hq, rows] (dLSE is the gradient of the returned lse).
 2. dK/dV pass, program (i_tile, i_hk): one key tile of one kv head; it loops over the GROUP query heads that
-   read that kv head and over the query blocks that see the tile (common.query_blocks), so a GQA group is
+   read that kv head and over the query blocks that see the tile (jfa.geometry.query_blocks), so a GQA group is
    reduced in registers. Computed transposed (S^T = K Q^T) so no tile needs a transpose.
-3. dQ pass, program (i_tile, i_h): one query tile, over the key blocks it sees (common.key_blocks).
+3. dQ pass, program (i_tile, i_h): one query tile, over the key blocks it sees (jfa.geometry.key_blocks).
    In broadcast mode it writes per-sequence float32 partials that the launcher sums over the batch.
 
 With S = scale * Q K^T, P = exp(S - lse): dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta),
@@ -13,7 +13,8 @@ dK = scale * dS^T Q, dQ = scale * dS K. The kernels work in base 2: qk_scale = s
 import triton
 import triton.language as tl
 
-from .common import key_blocks, mma, query_blocks, sequence_bounds, visible
+from ...geometry import key_blocks, query_blocks, sequence_bounds, visible
+from .common import mma
 
 LOG2E = tl.constexpr(1.4426950408889634)
 

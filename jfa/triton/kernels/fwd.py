@@ -1,16 +1,16 @@
 """Portable Triton forward: FlashAttention-2 over a flat table of real (sequence, query tile) pairs.
 
-Program (i_tile, i_h): query tile TILE_SEQ[i_tile] / TILE_BLK[i_tile] of head i_h. It walks the key blocks
-its rows can see (common.key_blocks) in three loops: masked head, branch-free bulk, masked tail.
+Program (i_tile, i_h): query tile tiles[1][i_tile] of sequence tiles[0][i_tile], head i_h. It walks the key
+blocks its rows can see (jfa.geometry.key_blocks) in three loops: masked head, branch-free bulk, masked tail.
 Online softmax in base 2 (qk_scale = scale * log2(e)); the natural-log LSE is saved for the backward.
 In broadcast mode every sequence reads the same dense q rows [0, Lq); output rows follow q_offsets.
 """
 import triton
 import triton.language as tl
 
-from .common import key_blocks, mma, sequence_bounds, visible
+from ...geometry import key_blocks, sequence_bounds, visible
+from .common import mma
 
-LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -102,25 +102,3 @@ def attention_fwd_kernel(
                   stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, qk_scale, LEFT, RIGHT,
                   GROUP, D, BLOCK_D, BLOCK_M, BLOCK_N, BROADCAST, DOT)
 
-
-@triton.jit
-def attention_fwd_persistent_kernel(
-    Q, K, V, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-    tile_capacity, heads, qk_scale, LEFT, RIGHT,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr,
-):
-    """Persistent: one program per SM, running its items of a jfa.schedule (heaviest first, zigzag-dealt)."""
-    i_sm = tl.program_id(0)
-    start = tl.load(sm_start + i_sm)
-    end = tl.load(sm_start + i_sm + 1)
-    for idx in range(start, end):
-        item = tl.load(order + idx)
-        if item >= 0:
-            i_tile = item // heads
-            seq = tl.load(tiles + i_tile)
-            m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
-            _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, item % heads, stride_qt, stride_qh,
-                      stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, qk_scale,
-                      LEFT, RIGHT, GROUP, D, BLOCK_D, BLOCK_M, BLOCK_N, BROADCAST, DOT)

@@ -1,0 +1,79 @@
+"""The Hopper kernels' configurations, chosen by shape: one frozen dataclass and one ``select_*`` per kernel.
+Each choice cites the H200 measurement behind it (docs/perf-notes.md); what lost is in the notes and in git
+history, not here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..schedule import ScheduleSpec
+
+WG = 64  # rows of one consumer warpgroup's tile (a wgmma m64 instruction)
+SCHEDULE_BLOCK_N = 128  # the forward's and the dQ pass's items are costed in key blocks of this many rows
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    consumers: int  # consumer warpgroups per CTA, WG query rows each
+    block_n: int = 128  # keys per K/V block
+    stages: int = 3  # K/V ring depth (the ring and Q fit in the 227 KB of shared memory at D=128)
+
+    @property
+    def block_m(self) -> int:
+        return self.consumers * WG
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """One CTA of two consumers per SM, or two of one consumer each."""
+        return 3 - self.consumers
+
+    def launch_options(self) -> dict:
+        """Two CTAs per SM need each to launch with at most half the register file (256 threads x 128)."""
+        return {"maxnreg": 128} if self.ctas_per_sm == 2 else {}
+
+
+def select_fwd(head_dim: int) -> FwdConfig:
+    """D=64: 64-row tiles at two CTAs per SM (d64-uniform-512: 149 vs 139 TF/s with two consumers, session
+    3). D=128: 128-row tiles whose two warpgroups share each K/V block, 3 stages (+3-12% over 2, session 3).
+    Tried and lost: ping-pong of the two consumers (+-3%), prefetching the next item's bookkeeping (+-3%),
+    pairs of heads per tile for short query blocks (+4% on pma-64 only) (sessions 3-4)."""
+    return FwdConfig(consumers=1 if head_dim <= 64 else 2)
+
+
+@dataclass(frozen=True)
+class DkdvConfig:
+    block_m: int = 64  # query rows per (Q, dO) block
+    serial: bool = False  # S^T, dV, dP^T, dK one after another (fewer live registers), else S^T and dP^T together
+    stages: int = 3  # (Q, dO) ring depth
+    block_n: int = 2 * WG  # keys per item: one WG block per consumer
+
+
+def select_dkdv(head_dim: int) -> DkdvConfig:
+    """Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
+    test per block, session 5). D=128: serial, which spills 488 B and still beat 32-row blocks by 8-17%
+    (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items
+    (0.98-1.01x) (session 5)."""
+    return DkdvConfig(serial=head_dim > 64)
+
+
+@dataclass(frozen=True)
+class DqConfig:
+    block_n: int  # keys per K/V block (S and dP are [64, block_n] float32 each in registers)
+    stages: int = 3
+    block_m: int = 2 * WG  # query rows per item: two consumers
+
+
+def select_dq(head_dim: int) -> DqConfig:
+    return DqConfig(block_n=128 if head_dim <= 64 else 64)
+
+
+def query_tile_schedule(rows: int, heads: int, block_m: int, left: int, right: int, ctas: int) -> ScheduleSpec:
+    """The forward's and the dQ pass's items: query tiles of block_m rows x heads, costed in key blocks of
+    SCHEDULE_BLOCK_N whatever the kernel's block (the cost only balances the CTAs), so at D=128 the dQ pass
+    runs on the forward's schedule: one build per batch for both."""
+    return ScheduleSpec(rows, heads, block_m, SCHEDULE_BLOCK_N, left, right, ctas)
+
+
+def key_tile_schedule(kv_rows: int, heads_kv: int, cfg: DkdvConfig, left: int, right: int, ctas: int):
+    """The dK/dV pass's items: key tiles x kv heads, costed by the query blocks that see them (the schedule of
+    the transposed problem: sides swapped, window mirrored; jfa.geometry)."""
+    return ScheduleSpec(kv_rows, heads_kv, cfg.block_n, cfg.block_m, right, left, ctas)
