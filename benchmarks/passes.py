@@ -1,0 +1,73 @@
+"""Time the hopper backend's parts apart on the suite (bf16, an sm_90 GPU): the schedule refresh on a cache hit
+and with a rebuild, the forward, Delta, the dK/dV pass and the dQ pass; and the floor of each phase.
+
+    python benchmarks/passes.py [--only NAME,...] [--rep-ms 100]
+
+One line per workload: each part's median ms (triton.testing.do_bench) and, for the kernels, TF/s over the
+matmuls each one does (forward 2 of 2; dK/dV 4 and dQ 3 of the backward's 5). Use it to see which part a
+change moved; `jfa bench` is the end-to-end number against the peers.
+"""
+import argparse
+
+import torch
+from triton.testing import do_bench
+
+from jfa import hopper
+from jfa.bench import suite
+from jfa.hopper import bwd, bwd_dq
+from jfa.hopper.config import query_tile_schedule, select_fwd
+from jfa.jagged import resolve_window
+from jfa.runtime import num_sms
+from jfa.schedule import CACHE
+from jfa.triton.launch import bwd_delta
+
+
+def parts(inp):
+    """name -> (fn, share of the phase's FLOPs it does, phase)."""
+    w = inp.workload
+    left, right = resolve_window(False, tuple(w.window))
+    q, k, v = (t.detach() for t in inp.leaves())
+    args = (inp.q_offsets, inp.kv_offsets, inp.scale, left, right, w.broadcast)
+    out, lse = hopper.forward(q, k, v, *args)
+    delta = bwd_delta(out, inp.dout, None, lse)
+    bargs = (q, k, v, inp.dout, lse, delta, *args)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq = torch.empty(out.shape, device=q.device, dtype=torch.float32 if w.broadcast else q.dtype)
+    cfg = select_fwd(w.head_dim)
+    spec = query_tile_schedule(out.shape[0], w.heads_q, cfg.block_m, left, right, num_sms(q.device) * cfg.ctas_per_sm)
+    sched = CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0])
+
+    def rebuild():
+        sched.seen.fill_(-1)  # forget the offsets: the refresh rebuilds
+        CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0])
+
+    return {"refresh (hit)": (lambda: CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0]), 0, None),
+            "refresh (rebuild)": (rebuild, 0, None),
+            "forward": (lambda: hopper.forward(q, k, v, *args), 1, "fwd"),
+            "delta": (lambda: bwd_delta(out, inp.dout, None, lse), 0, None),
+            "dkdv": (lambda: bwd.dkdv(*bargs, dk, dv), 4 / 5, "bwd"),
+            "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help="comma-separated workload names (default: the whole suite)")
+    p.add_argument("--rep-ms", type=int, default=100)
+    args = p.parse_args(argv)
+    _, workloads = suite.load_suite()
+    for w in suite.select(workloads, args.only):
+        inp = suite.make_inputs(w, device="cuda", dtype=torch.bfloat16)
+        fwd_flops, bwd_flops = suite.flops(w, inp.kv_lens)
+        cells = []
+        for name, (fn, share, phase) in parts(inp).items():
+            ms = do_bench(fn, warmup=25, rep=args.rep_ms, return_mode="median")
+            flops = {"fwd": fwd_flops, "bwd": bwd_flops}.get(phase, 0) * share
+            cells.append(f"{name} {ms:.3f} ms" + (f" {flops / ms / 1e9:.0f} TF/s" if flops else ""))
+        print(f"{w.name:<18} " + " | ".join(cells), flush=True)
+        del inp
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
