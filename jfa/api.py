@@ -30,8 +30,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
         causal, window: the mask (see module doc). scale: defaults to ``1/sqrt(D)``.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]``.
         backend: "auto", "reference", "triton" or "hopper".
-        deterministic: the backward gives the same bits run to run (the hopper backend then computes dQ in a
-            pass of its own instead of adding it with atomics; the other backends always are).
+        deterministic: the backward must give the same bits run to run (every backward of jfa does today: no
+            atomics; a faster backward that adds with atomics would be skipped when this is set).
     Returns:
         out ``[Tq, Hq, D]`` in q's dtype, or ``(out, lse)``.
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
@@ -100,9 +100,9 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
     """Output row offsets of broadcast q: sequence b owns rows [b*Lq, (b+1)*Lq) (built on the device, no sync).
 
     One tensor per (batch, Lq, dtype, device), reused call after call: the kernels' schedule cache matches
-    offsets by identity, so a fresh tensor per call would rebuild the schedule every time (1.5-2 ms on the
-    H200, more than the pma-64 forward itself). Not stored while a CUDA graph is being captured or under
-    torch.compile (whose graph makes its own)."""
+    offsets by identity, so a fresh tensor per call would allocate and build a schedule every time (0.1-0.2
+    ms per forward on the H200). Not stored while a CUDA graph is being captured or under torch.compile
+    (whose graph makes its own)."""
     if torch.compiler.is_compiling():
         return torch.arange(batch + 1, device=device, dtype=dtype) * lq
     key = (batch, lq, dtype, device)

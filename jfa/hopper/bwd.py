@@ -21,13 +21,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
-from triton.language.core import _aggregate as aggregate
 
 from ..geometry import full_query_blocks, in_window
 from ..runtime import num_sms
 from ..schedule import CACHE
 from ..triton.launch import bwd_delta, sum_broadcast_dq
-from .common import WG_ROWS, Batch, ItemOperands, Ring, WorkList, aligned, tma_descriptor
+from .common import Batch, ItemOperands, Ring, WG_ROWS, WorkList, aggregate, aligned, tma_descriptor
 from .config import DkdvConfig, key_tile_schedule, select_dkdv
 
 LOG2E = gl.constexpr(1.4426950408889634)

@@ -49,7 +49,7 @@ class DkdvConfig:
 
 def select_dkdv(head_dim: int) -> DkdvConfig:
     """Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
-    test per block, session 5). D=128: serial, which spills 488 B and still beat 32-row blocks by 8-17%
+    test per block, session 5). D=128: serial, which spills (400 B now) and still beat 32-row blocks by 8-17%
     (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items
     (0.98-1.01x) (session 5)."""
     return DkdvConfig(serial=head_dim > 64)

@@ -23,12 +23,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
-from triton.language.core import _aggregate as aggregate
 
 from ..geometry import in_window, key_blocks
 from ..runtime import num_sms
 from ..schedule import CACHE
-from .common import WG_ROWS, Batch, ItemOperands, Ring, WorkList, aligned, tma_descriptor
+from .common import Batch, ItemOperands, Ring, WG_ROWS, WorkList, aggregate, aligned, tma_descriptor
 from .config import FwdConfig, query_tile_schedule, select_fwd
 
 LN2 = gl.constexpr(0.6931471805599453)
