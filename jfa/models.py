@@ -1,132 +1,138 @@
-"""A small GEM/Kunlun-style click model over jagged user histories, to run jfa inside a real training loop.
+"""A small GEM/Kunlun-style click model over jagged user histories, built from jfa.nn's layers, to run jfa inside
+a real training loop and to compare it end to end with other attention kernels.
 
-    item ids [T] + offsets [B+1] -> embedding (+ position) -> N x (pre-norm jagged self-attention + MLP)
-        -> PMA pooling (learned queries [Lq, H, D] attending each history: broadcast attention)
+    item ids [T] + offsets [B+1] -> embedding (+ position) -> N x (pre-norm jfa.nn.JaggedSelfAttention + MLP)
+        -> jfa.nn.PMAPooling (learned seed queries attend each history: broadcast attention)
         -> MLP head -> one click logit per user [B]
 
-The attention implementation is a switch, so one model measures each end to end:
-  "jfa"     jfa.jagged_attention / jfa.broadcast_attention (``backend`` picks the backend, "auto" by default)
+``impl`` swaps the attention kernel inside the same layers (jfa.nn's ``attention`` argument):
+  "jfa"     jfa.jagged_attention / jfa.broadcast_attention (``backend`` picks jfa's backend, "auto" by default)
   "fa2"     torch.nn.attention.varlen.varlen_attn (CUDA only); broadcast by expanding q to B copies
+  "fa4"     flash_attn.cute.flash_attn_varlen_func (flash-attn-4, CUDA only, when installed); the same
   "padded"  pad to [B, L, H, D] and F.scaled_dot_product_attention with a boolean mask
-Also here: the synthetic click data (skewed lengths, as the benchmark suite) and the rank partitions.
+Also here: the synthetic click data (skewed lengths, as the benchmark suite), AUC, and the rank partitions.
 """
 from __future__ import annotations
 
 import heapq
 import inspect
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .jagged import causal_window
 from .nested import from_padded, to_padded
+from .nn import JaggedSelfAttention, PMAPooling
 
-IMPLS = ("jfa", "fa2", "padded")
+IMPLS = ("jfa", "fa2", "fa4", "padded")
 
 
 # ----------------------------------------------------------------------------------------------- attention
+# Other kernels behind jfa's signatures (jfa.jagged_attention, jfa.broadcast_attention), for jfa.nn's layers.
 def _max_len(offsets, max_len):
     return int((offsets[1:] - offsets[:-1]).max()) if max_len is None else max_len
 
 
-def _padded_mask(lens, lq, lk, causal):
-    """Boolean [B, 1, lq, lk]: key valid (and, for self-attention, causal). Rows that would see nothing
-    (padding) see key 0 instead, so SDPA gives no NaN; those rows are dropped afterwards."""
-    j = torch.arange(lk, device=lens.device)
-    mask = (j.view(1, 1, lk) < lens.view(-1, 1, 1)).expand(-1, lq, lk)  # [B, lq, lk]
-    if causal:  # self-attention: query i and key j share positions, so causal is j <= i
-        mask = mask & (j.view(1, 1, lk) <= torch.arange(lq, device=lens.device).view(1, lq, 1))
-    mask = mask | (~mask.any(-1, keepdim=True) & (j == 0).view(1, 1, lk))
-    return mask.unsqueeze(1)
+def _broadcast_rows(q, kv_offsets):
+    """Broadcast q as these libraries' users run it: q repeated per sequence, [B * Lq, H, D], and its offsets."""
+    batch, lq = kv_offsets.numel() - 1, q.shape[0]
+    rows = q.unsqueeze(0).expand(batch, -1, -1, -1).reshape(batch * lq, q.shape[1], q.shape[2])
+    return rows, torch.arange(batch + 1, device=q.device, dtype=torch.int32) * lq
 
 
-def _fa2(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
+def fa2_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                  window=(-1, -1), scale=None):
     """torch's varlen_attn (FA2); GQA through enable_gqa where torch has it, else k/v repeated per q head."""
     from torch.nn.attention.varlen import varlen_attn
-    kw = {"window_size": window_size}
+    kv_offsets = q_offsets if kv_offsets is None else kv_offsets
+    kw = {"window_size": causal_window(causal, window), "scale": scale}
     if q.shape[1] != k.shape[1]:
         if "enable_gqa" in inspect.signature(varlen_attn).parameters:
             kw["enable_gqa"] = True
         else:
             k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+    return varlen_attn(q, k, v, q_offsets.to(torch.int32), kv_offsets.to(torch.int32), _max_len(q_offsets, max_q_len),
+                       _max_len(kv_offsets, max_kv_len), **kw)
 
 
-def self_attention(q, k, v, offsets, *, causal=False, impl="jfa", backend="auto", max_len=None):
-    """Jagged self-attention: q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``, offsets ``[B+1]`` -> ``[T, Hq, D]``."""
-    gqa = q.shape[1] != k.shape[1]
-    if impl == "jfa":
-        from .api import jagged_attention
-        return jagged_attention(q, k, v, offsets, max_q_len=max_len, max_kv_len=max_len, causal=causal,
-                                backend=backend)
-    if impl == "fa2":
-        m, cu = _max_len(offsets, max_len), offsets.to(torch.int32)
-        return _fa2(q, k, v, cu, cu, m, m, window_size=(-1, 0) if causal else (-1, -1))
-    if impl == "padded":
-        m = _max_len(offsets, max_len)
-        qp, lens = to_padded(q, offsets, m)  # [B, L, Hq, D]
-        kp, _ = to_padded(k, offsets, m)
-        vp, _ = to_padded(v, offsets, m)
-        out = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2),
-                                             attn_mask=_padded_mask(lens, m, m, causal), enable_gqa=gqa)
-        return from_padded(out.transpose(1, 2), lens)[0]
-    raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
+def fa4_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                  window=(-1, -1), scale=None):
+    """flash-attn-4's varlen function (its sm90 path on Hopper)."""
+    from flash_attn.cute import flash_attn_varlen_func
+    kv_offsets = q_offsets if kv_offsets is None else kv_offsets
+    left, right = causal_window(causal, window)
+    is_causal = (left, right) == (-1, 0)
+    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=q_offsets.to(torch.int32),
+                                 cu_seqlens_k=kv_offsets.to(torch.int32), max_seqlen_q=_max_len(q_offsets, max_q_len),
+                                 max_seqlen_k=_max_len(kv_offsets, max_kv_len), softmax_scale=scale, causal=is_causal,
+                                 window_size=(None, None) if is_causal else
+                                 (None if left < 0 else left, None if right < 0 else right))
+    return out[0] if isinstance(out, tuple) else out
 
 
-def pool_attention(q, k, v, offsets, *, impl="jfa", backend="auto", max_len=None):
-    """PMA pooling: dense q ``[Lq, Hq, D]`` attends each sequence of k/v ``[T, Hkv, D]`` -> ``[B, Lq, Hq, D]``."""
-    batch, lq = offsets.numel() - 1, q.shape[0]
-    gqa = q.shape[1] != k.shape[1]
-    if impl == "jfa":
-        from .api import broadcast_attention
-        return broadcast_attention(q, k, v, offsets, max_kv_len=max_len, backend=backend)
-    if impl == "fa2":
-        qx = q.unsqueeze(0).expand(batch, -1, -1, -1).reshape(batch * lq, q.shape[1], q.shape[2])
-        cu_q = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * lq
-        out = _fa2(qx, k, v, cu_q, offsets.to(torch.int32), lq, _max_len(offsets, max_len))
-        return out.view(batch, lq, q.shape[1], q.shape[2])
-    if impl == "padded":
-        m = _max_len(offsets, max_len)
-        kp, lens = to_padded(k, offsets, m)
-        vp, _ = to_padded(v, offsets, m)
-        qp = q.transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1)  # [B, Hq, Lq, D]
-        mask = _padded_mask(lens, lq, m, causal=False)
-        out = F.scaled_dot_product_attention(qp, kp.transpose(1, 2), vp.transpose(1, 2), attn_mask=mask,
-                                             enable_gqa=gqa)
-        return out.transpose(1, 2)
-    raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
+def padded_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                     window=(-1, -1), scale=None):
+    """Pad to [B, H, L, D] and run F.scaled_dot_product_attention with a boolean mask (bottom-right aligned).
+    A row that sees no key sees key 0 instead (SDPA would give NaN); jfa gives 0 there."""
+    kv_offsets = q_offsets if kv_offsets is None else kv_offsets
+    left, right = causal_window(causal, window)
+    lq, lk = _max_len(q_offsets, max_q_len), _max_len(kv_offsets, max_kv_len)
+    qp, q_lens = to_padded(q, q_offsets, lq)
+    kp, kv_lens = to_padded(k, kv_offsets, lk)
+    vp, _ = to_padded(v, kv_offsets, lk)
+    i = torch.arange(lq, device=q.device).view(1, lq, 1) + (kv_lens - q_lens).view(-1, 1, 1)
+    j = torch.arange(lk, device=q.device).view(1, 1, lk)
+    mask = j < kv_lens.view(-1, 1, 1)
+    if left >= 0:
+        mask = mask & (j >= i - left)
+    if right >= 0:
+        mask = mask & (j <= i + right)
+    mask = mask | (~mask.any(-1, keepdim=True) & (j == 0))
+    out = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2),
+                                         attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return from_padded(out.transpose(1, 2), q_lens)[0]
+
+
+def _broadcast(attention):
+    """jfa.broadcast_attention's signature over a jagged kernel: q repeated per sequence (timed with it)."""
+    def broadcast(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None):
+        rows, q_offsets = _broadcast_rows(q, kv_offsets)
+        out = attention(rows, k, v, q_offsets, kv_offsets, max_q_len=q.shape[0], max_kv_len=max_kv_len,
+                        causal=causal, window=window, scale=scale)
+        return out.view(kv_offsets.numel() - 1, q.shape[0], q.shape[1], q.shape[2])
+    return broadcast
+
+
+KERNELS = {  # impl -> (jagged attention, broadcast attention) for jfa.nn's `attention`; None: jfa's own
+    "jfa": (None, None),
+    "fa2": (fa2_attention, _broadcast(fa2_attention)),
+    "fa4": (fa4_attention, _broadcast(fa4_attention)),
+    "padded": (padded_attention, _broadcast(padded_attention)),
+}
 
 
 # -------------------------------------------------------------------------------------------------- model
 class JaggedBlock(nn.Module):
     """Pre-norm transformer block over packed histories: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, d_model, heads, kv_heads, head_dim, causal, impl, backend):
+    def __init__(self, d_model, heads, kv_heads, causal, attention=None, backend="auto"):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.causal, self.impl, self.backend = causal, impl, backend
         self.norm1 = nn.LayerNorm(d_model)
-        self.q = nn.Linear(d_model, heads * head_dim)
-        self.kv = nn.Linear(d_model, 2 * kv_heads * head_dim)
-        self.proj = nn.Linear(heads * head_dim, d_model)
+        self.attn = JaggedSelfAttention(d_model, heads, kv_heads, causal=causal, backend=backend,
+                                        attention=attention)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
     def forward(self, x, offsets, max_len=None):
-        h = self.norm1(x)
-        q = self.q(h).view(-1, self.heads, self.head_dim)
-        k, v = self.kv(h).view(-1, 2, self.kv_heads, self.head_dim).unbind(1)
-        a = self_attention(q, k, v, offsets, causal=self.causal, impl=self.impl, backend=self.backend,
-                           max_len=max_len)
-        x = x + self.proj(a.reshape(x.shape[0], -1))
+        x = x + self.attn(self.norm1(x), offsets, max_len=max_len)
         return x + self.mlp(self.norm2(x))
 
 
 class GEMModel(nn.Module):
     """Click model: item ids ``[T]`` + offsets ``[B+1]`` -> logits ``[B]`` (see module doc).
 
-    heads/kv_heads: GQA when kv_heads < heads. pma_queries: Lq of the pooling. impl/backend: the attention.
+    heads/kv_heads: GQA when kv_heads < heads. pma_queries: the pooling's seeds. impl/backend: the attention.
     """
 
     def __init__(self, num_items, d_model=64, heads=4, kv_heads=None, layers=2, pma_queries=4, max_pos=4096,
@@ -134,18 +140,14 @@ class GEMModel(nn.Module):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
-        kv_heads = kv_heads or heads
-        if d_model % heads or heads % kv_heads:
-            raise ValueError(f"d_model ({d_model}) % heads ({heads}) and heads % kv_heads ({kv_heads}) must be 0")
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d_model // heads
-        self.impl, self.backend, self.max_pos = impl, backend, max_pos
+        jagged, broadcast = KERNELS[impl]
+        self.impl, self.max_pos = impl, max_pos
         self.item = nn.Embedding(num_items, d_model)
         self.pos = nn.Embedding(max_pos, d_model)
-        self.blocks = nn.ModuleList(JaggedBlock(d_model, heads, kv_heads, self.head_dim, causal, impl, backend)
+        self.blocks = nn.ModuleList(JaggedBlock(d_model, heads, kv_heads, causal, jagged, backend)
                                     for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
-        self.pma_q = nn.Parameter(torch.randn(pma_queries, heads, self.head_dim) / math.sqrt(self.head_dim))
-        self.pma_kv = nn.Linear(d_model, 2 * kv_heads * self.head_dim)
+        self.pool = PMAPooling(d_model, heads, pma_queries, kv_heads, backend=backend, attention=broadcast)
         self.head = nn.Sequential(nn.Linear(pma_queries * d_model, d_model), nn.GELU(), nn.Linear(d_model, 1))
 
     def forward(self, items, offsets, max_len=None):
@@ -157,10 +159,8 @@ class GEMModel(nn.Module):
         x = self.item(items) + self.pos(pos)  # [T, d_model]
         for block in self.blocks:
             x = block(x, offsets, max_len)
-        k, v = self.pma_kv(self.norm(x)).view(total, 2, self.kv_heads, self.head_dim).unbind(1)
-        q = self.pma_q.to(k.dtype)
-        pooled = pool_attention(q, k, v, offsets, impl=self.impl, backend=self.backend, max_len=max_len)
-        return self.head(pooled.reshape(batch, -1).to(x.dtype)).squeeze(-1)
+        pooled = self.pool(self.norm(x), offsets, max_len=max_len)  # [B, pma_queries, d_model]
+        return self.head(pooled.reshape(batch, -1)).squeeze(-1)
 
 
 # --------------------------------------------------------------------------------------------------- data
@@ -202,6 +202,22 @@ def select_sequences(items, offsets, labels, index):
     new_offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lens, 0)])
     rows = starts[seq] + torch.arange(total) - new_offsets[:-1][seq]
     return items[rows], new_offsets, labels[index]
+
+
+def auc(scores, labels) -> float:
+    """Area under the ROC curve of scores for binary labels (the Mann-Whitney rank statistic; ties count half);
+    0.5 when one class is absent."""
+    scores, labels = scores.detach().double().cpu(), labels.detach().bool().cpu()
+    pos, neg = int(labels.sum()), int((~labels).sum())
+    if pos == 0 or neg == 0:
+        return 0.5
+    order = torch.argsort(scores)
+    ranks = torch.empty_like(scores)
+    ranks[order] = torch.arange(1, scores.numel() + 1, dtype=torch.float64)
+    for value in torch.unique(scores):  # average ranks over ties
+        tied = scores == value
+        ranks[tied] = ranks[tied].mean()
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 # ---------------------------------------------------------------------------------------------- partition

@@ -1,0 +1,195 @@
+"""Attention layers over jagged batches, with torch.nn's conventions (constructor arguments, ``device`` and
+``dtype`` factory kwargs, ``reset_parameters``, ``extra_repr``).
+
+    attn = jfa.nn.JaggedSelfAttention(512, num_heads=8, num_kv_heads=2, causal=True)
+    y = attn(x, offsets)                          # x [T, 512] packed, offsets [B+1] -> y [T, 512]
+    y = attn(nx)                                  # or an NJT [B, j, 512] -> an NJT
+    cross = jfa.nn.JaggedCrossAttention(512, 8, causal=True)
+    t = cross(targets, history, t_offsets, h_offsets)   # target items against each user's history
+    pool = jfa.nn.PMAPooling(512, 8, num_seeds=4)
+    z = pool(x, offsets)                          # [B, 4, 512]: learned seed queries attend each sequence
+
+Every layer projects to heads (GQA when ``num_kv_heads < num_heads``), calls jfa's attention and projects back.
+``max_len`` hints (the longest sequence, a Python int) make a call on CUDA free of host syncs. ``attention``
+swaps the kernel while keeping the layer (a function with the signature of jfa.jagged_attention, or of
+jfa.broadcast_attention for PMAPooling): the end-to-end example measures other kernels that way.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import nn
+
+from . import nested
+from .api import broadcast_attention, jagged_attention
+
+
+def _unpack(x, offsets, max_len):
+    """(values [T, E], offsets, max_len, is_njt) of a packed tensor with offsets or an NJT [B, j, E]."""
+    if nested.is_njt(x):
+        if offsets is not None:
+            raise ValueError("with an NJT input the offsets come from it: do not pass offsets")
+        values, offsets = nested.from_njt(x)
+        if max_len is None and not torch.compiler.is_compiling():
+            cached = x._maybe_max_seqlen
+            max_len = cached if isinstance(cached, int) else None
+        return values, offsets, max_len, True
+    if offsets is None:
+        raise ValueError("a packed input [T, E] needs its offsets [B+1]")
+    if x.dim() != 2:
+        raise ValueError(f"expected a packed [T, E] tensor or an NJT [B, j, E], got shape {tuple(x.shape)}")
+    return x, offsets, max_len, False
+
+
+def _repack(y, offsets, max_len, was_njt):
+    return nested.to_njt(y, offsets, max_len=max_len) if was_njt else y
+
+
+class _Heads(nn.Module):
+    """What the layers share: head geometry, the query/key/value and output projections' creation and init."""
+
+    def _init_heads(self, embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention):
+        num_kv_heads = num_kv_heads or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(f"embed_dim ({embed_dim}) is not a multiple of num_heads ({num_heads}): pass "
+                                 f"head_dim")
+            head_dim = embed_dim // num_heads
+        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
+        self.scale, self.backend = scale, backend
+        self.attention = attention
+
+    def _heads(self, x, heads):
+        return x.unflatten(-1, (heads, self.head_dim))
+
+    def reset_parameters(self):
+        for m in self.children():
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
+
+    def _extra(self):
+        s = f"{self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+        if self.scale is not None:
+            s += f", scale={self.scale}"
+        return s + (f", backend={self.backend!r}" if self.attention is None else ", attention=custom")
+
+
+class JaggedSelfAttention(_Heads):
+    """Multi-head self-attention over each sequence of a packed batch.
+
+    Args:
+        embed_dim, num_heads: model width and query heads; num_kv_heads: key/value heads (GQA, default
+            num_heads); head_dim: default embed_dim // num_heads.
+        causal, window: the mask of jfa.jagged_attention (key j visible to query i when i - left <= j <= i + right).
+        bias: biases in the projections. fused_qkv: one Linear for q, k and v (``qkv_proj``), else three
+            (``q_proj``, ``k_proj``, ``v_proj``). scale: default 1/sqrt(head_dim).
+        backend: jfa's backend ("auto"). attention: another kernel with jfa.jagged_attention's signature.
+    Shapes: x ``[T, embed_dim]`` with offsets ``[B+1]``, or an NJT ``[B, j, embed_dim]``; the output is the same.
+    """
+
+    def __init__(self, embed_dim, num_heads, num_kv_heads=None, *, head_dim=None, causal=False, window=(-1, -1),
+                 bias=True, fused_qkv=True, scale=None, backend="auto", attention=None, device=None, dtype=None):
+        super().__init__()
+        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention)
+        self.causal, self.window, self.fused_qkv = causal, tuple(window), fused_qkv
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(embed_dim, q_width + 2 * kv_width, **kw)
+        else:
+            self.q_proj = nn.Linear(embed_dim, q_width, **kw)
+            self.k_proj = nn.Linear(embed_dim, kv_width, **kw)
+            self.v_proj = nn.Linear(embed_dim, kv_width, **kw)
+        self.out_proj = nn.Linear(q_width, embed_dim, **kw)
+
+    def forward(self, x, offsets=None, *, max_len=None):
+        values, offsets, max_len, was_njt = _unpack(x, offsets, max_len)
+        if self.fused_qkv:
+            q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(values).split((q_width, kv_width, kv_width), dim=-1)
+        else:
+            q, k, v = self.q_proj(values), self.k_proj(values), self.v_proj(values)
+        attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
+        out = attend(self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads),
+                     self._heads(v, self.num_kv_heads), offsets, max_q_len=max_len, max_kv_len=max_len,
+                     causal=self.causal, window=self.window, scale=self.scale)
+        return _repack(self.out_proj(out.flatten(-2)), offsets, max_len, was_njt)
+
+    def extra_repr(self):
+        return f"{self._extra()}, causal={self.causal}, window={self.window}, fused_qkv={self.fused_qkv}"
+
+
+class JaggedCrossAttention(_Heads):
+    """Multi-head cross-attention: the queries of each sequence (e.g. target items) attend the keys of the same
+    sequence in another jagged tensor (e.g. the user's history). The mask aligns the queries bottom-right:
+    with causal=True, query i of Lq sees the first Lk - Lq + i + 1 keys (targets at the end of a history).
+
+    Args as JaggedSelfAttention; kdim: the memory's width (default embed_dim); k and v come from one Linear
+    (``kv_proj``). Shapes: x ``[Tq, embed_dim]``, memory ``[Tk, kdim]`` with their offsets (or two NJTs) ->
+    ``[Tq, embed_dim]``.
+    """
+
+    def __init__(self, embed_dim, num_heads, num_kv_heads=None, *, kdim=None, head_dim=None, causal=False,
+                 window=(-1, -1), bias=True, scale=None, backend="auto", attention=None, device=None, dtype=None):
+        super().__init__()
+        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention)
+        self.kdim, self.causal, self.window = kdim or embed_dim, causal, tuple(window)
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.q_proj = nn.Linear(embed_dim, self.num_heads * self.head_dim, **kw)
+        self.kv_proj = nn.Linear(self.kdim, 2 * self.num_kv_heads * self.head_dim, **kw)
+        self.out_proj = nn.Linear(self.num_heads * self.head_dim, embed_dim, **kw)
+
+    def forward(self, x, memory, x_offsets=None, memory_offsets=None, *, max_q_len=None, max_kv_len=None):
+        q_values, q_offsets, max_q_len, was_njt = _unpack(x, x_offsets, max_q_len)
+        kv_values, kv_offsets, max_kv_len, _ = _unpack(memory, memory_offsets, max_kv_len)
+        k, v = self._heads(self.kv_proj(kv_values), 2 * self.num_kv_heads).chunk(2, dim=-2)
+        attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
+        out = attend(self._heads(self.q_proj(q_values), self.num_heads), k, v, q_offsets, kv_offsets,
+                     max_q_len=max_q_len, max_kv_len=max_kv_len, causal=self.causal, window=self.window,
+                     scale=self.scale)
+        return _repack(self.out_proj(out.flatten(-2)), q_offsets, max_q_len, was_njt)
+
+    def extra_repr(self):
+        return f"{self._extra()}, kdim={self.kdim}, causal={self.causal}, window={self.window}"
+
+
+class PMAPooling(_Heads):
+    """Pooling by multi-head attention (Set Transformer's PMA): num_seeds learned queries attend every sequence
+    of a jagged batch, one dense query block for the whole batch (jfa.broadcast_attention).
+
+    Args as JaggedSelfAttention; num_seeds: pooled vectors per sequence; kdim: the input's width (default
+    embed_dim). The seeds are per-head query vectors, ``seeds [num_seeds, num_heads, head_dim]``.
+    Shapes: x ``[T, kdim]`` with offsets ``[B+1]`` (or an NJT) -> ``[B, num_seeds, embed_dim]``.
+    """
+
+    def __init__(self, embed_dim, num_heads, num_seeds, num_kv_heads=None, *, kdim=None, head_dim=None, bias=True,
+                 scale=None, backend="auto", attention=None, device=None, dtype=None):
+        super().__init__()
+        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention)
+        self.num_seeds, self.kdim = num_seeds, kdim or embed_dim
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.seeds = nn.Parameter(torch.empty(num_seeds, self.num_heads, self.head_dim, device=device, dtype=dtype))
+        self.kv_proj = nn.Linear(self.kdim, 2 * self.num_kv_heads * self.head_dim, **kw)
+        self.out_proj = nn.Linear(self.num_heads * self.head_dim, embed_dim, **kw)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        nn.init.normal_(self.seeds, std=1 / math.sqrt(self.head_dim))
+
+    def forward(self, x, offsets=None, *, max_len=None):
+        values, offsets, max_len, _ = _unpack(x, offsets, max_len)
+        k, v = self._heads(self.kv_proj(values), 2 * self.num_kv_heads).chunk(2, dim=-2)
+        attend = self.attention or functools.partial(broadcast_attention, backend=self.backend)
+        out = attend(self.seeds.to(k.dtype), k, v, offsets, max_kv_len=max_len, scale=self.scale)
+        return self.out_proj(out.flatten(-2))  # [B, num_seeds, embed_dim]
+
+    def extra_repr(self):
+        return f"{self._extra()}, num_seeds={self.num_seeds}, kdim={self.kdim}"
+
+
+__all__ = ["JaggedSelfAttention", "JaggedCrossAttention", "PMAPooling"]
