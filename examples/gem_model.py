@@ -1,8 +1,15 @@
 """Train the GEM-style click model (jfa.models.GEMModel) on synthetic jagged histories; measure each attention.
 
-    python examples/gem_model.py --attention jfa --steps 50                   # one process (GPU if any)
+    python examples/gem_model.py --steps 300 --plot loss.png                  # learns: loss and AUC per step
+    python examples/gem_model.py --attention fa4 --compile --steps 50         # one process (GPU if any)
     torchrun --nproc_per_node 8 examples/gem_model.py --attention fa2 --balance
     torchrun --nproc_per_node 2 examples/gem_model.py --device cpu --backend reference --steps 20
+
+The task: half the users click, and a clicker's history holds trigger items (ids 1..8) among the others
+(--trigger-rate: the share of a clicker's items that are triggers, one at least; 0 makes it a needle in a
+haystack that a few hundred steps do not learn). --compile runs the whole model under torch.compile
+(fullgraph: no graph break around jfa) and counts its compiles: after the first steps, whose changing lengths
+mark the sizes dynamic, there are none.
 
 Every rank draws the same global batch (seed + step) of ``world * batch`` histories with skewed lengths
 (the benchmark suite's recipe) and keeps its share: contiguous equal-count chunks, or with ``--balance`` a
@@ -41,14 +48,17 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=64, help="users per rank (the global batch is world x this)")
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--num-items", type=int, default=10000)
-    p.add_argument("--trigger-rate", type=float, default=0.0, help="data difficulty, see synthetic_batch")
+    p.add_argument("--trigger-rate", type=float, default=0.02, help="data difficulty, see synthetic_batch")
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=None, help="GQA: fewer kv heads than heads")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--pma-queries", type=int, default=8)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--compile", action="store_true", help="the model under torch.compile(fullgraph=True)")
+    p.add_argument("--plot", default=None, help="save the loss and AUC per step to this PNG (needs matplotlib)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-warmup", type=int, default=50, help="steps of linear learning-rate warm-up")
     p.add_argument("--balance", action="store_true", help="assign users to ranks by attention cost (LPT)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
@@ -91,6 +101,26 @@ def peak_memory_mb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak RSS (Linux: KiB)
 
 
+def save_plot(path, losses, aucs):
+    """Loss and AUC per step, one PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(losses, label="loss (BCE)", color="tab:blue")
+    ax.axhline(0.6931, color="tab:blue", linestyle=":", linewidth=1, label="chance (ln 2)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (axis cut at 1.2)")
+    ax.set_ylim(0, 1.2)
+    ax2 = ax.twinx()
+    ax2.plot(aucs, label="AUC", color="tab:orange")
+    ax2.set_ylabel("AUC")
+    ax2.set_ylim(0.4, 1.0)
+    fig.legend(loc="center right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.threads:
@@ -98,18 +128,27 @@ def main(argv=None):
     rank, world, device = setup(args)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[args.dtype or
                                                                           ("bf16" if device.type == "cuda" else "fp32")]
-    if args.attention == "fa2" and (device.type != "cuda" or dtype is None):
-        raise SystemExit("--attention fa2 (varlen_attn) needs CUDA and --dtype bf16/fp16")
+    if args.attention in ("fa2", "fa4") and (device.type != "cuda" or dtype is None):
+        raise SystemExit(f"--attention {args.attention} needs CUDA and --dtype bf16/fp16")
+    if args.attention == "fa4":
+        try:
+            import flash_attn.cute  # noqa: F401
+        except Exception as e:  # not installed, or no usable CUDA DSL
+            raise SystemExit(f"--attention fa4 needs flash-attn-4 (flash_attn.cute): {type(e).__name__}: {e}")
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     model = models.GEMModel(args.num_items, d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
                             layers=args.layers, pma_queries=args.pma_queries, max_pos=max(args.max_len, 1),
                             causal=args.causal, impl=args.attention, backend=args.backend).to(device)
+    compile_counts = torch._dynamo.utils.counters["stats"]
+    if args.compile:
+        model.compile(fullgraph=True)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                           else None)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, args.lr_warmup)))
     global_batch = world * args.batch
-    log, losses = [], []
+    log, losses, aucs, compiles = [], [], [], []
     for step in range(args.steps):
         (items, offsets, labels), loads = rank_batch(args, step, rank, world)
         max_len = int((offsets[1:] - offsets[:-1]).max())  # known on the host already: no sync
@@ -124,33 +163,47 @@ def main(argv=None):
         loss_sum = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="sum")
         (loss_sum * (world / global_batch)).backward()  # DDP averages over ranks -> the global mean
         opt.step()
+        warmup.step()
         opt.zero_grad(set_to_none=True)
-        stats = torch.stack([loss_sum.detach().float(), torch.tensor(float(items.numel()), device=device)])
+        auc = models.auc(logits.detach().float(), labels)
+        stats = torch.stack([loss_sum.detach().float(), torch.tensor(float(items.numel()), device=device),
+                             torch.tensor(auc / world, device=device)])
         if world > 1:
             dist.all_reduce(stats)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
-        loss, tokens = stats[0].item() / global_batch, stats[1].item()
+        loss, tokens, auc = stats[0].item() / global_batch, stats[1].item(), stats[2].item()
         losses.append(loss)
-        rec = {"step": step, "time_s": dt, "tokens_per_s": tokens / dt, "loss": loss,
+        aucs.append(auc)
+        compiles.append(compile_counts["unique_graphs"])
+        rec = {"step": step, "time_s": dt, "tokens_per_s": tokens / dt, "loss": loss, "auc": auc,
                "peak_mem_mb": peak_memory_mb(device), "cost_imbalance": max(loads) / max(1, sum(loads) / world)}
         log.append(rec)
         if rank == 0 and not args.quiet:
             print(f"step {step:4d}  {dt * 1e3:8.1f} ms  {rec['tokens_per_s']:10.0f} tok/s  "
-                  f"peak {rec['peak_mem_mb']:8.1f} MiB  loss {loss:.4f}  max/mean rank cost "
-                  f"{rec['cost_imbalance']:.2f}", flush=True)
+                  f"peak {rec['peak_mem_mb']:8.1f} MiB  loss {loss:.4f}  AUC {auc:.3f}  max/mean rank cost "
+                  f"{rec['cost_imbalance']:.2f}" + (f"  graphs compiled {compiles[-1]}" if args.compile else ""),
+                  flush=True)
     timed = log[args.warmup:] or log
     k = max(1, min(5, len(losses) // 4))
     summary = {"attention": args.attention, "backend": args.backend, "device": device.type, "world": world,
-               "balance": args.balance, "causal": args.causal, "steps": args.steps, "batch_per_rank": args.batch,
-               "max_len": args.max_len, "median_step_s": statistics.median(r["time_s"] for r in timed),
+               "balance": args.balance, "causal": args.causal, "compile": args.compile, "steps": args.steps,
+               "batch_per_rank": args.batch, "max_len": args.max_len, "d_model": args.d_model,
+               "layers": args.layers, "heads": args.heads,
+               "median_step_s": statistics.median(r["time_s"] for r in timed),
                "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
                "peak_mem_mb": max(r["peak_mem_mb"] for r in log),
                "mean_cost_imbalance": statistics.fmean(r["cost_imbalance"] for r in log),
-               "first_loss": statistics.fmean(losses[:k]), "final_loss": statistics.fmean(losses[-k:])}
+               "first_loss": statistics.fmean(losses[:k]), "final_loss": statistics.fmean(losses[-k:]),
+               "first_auc": statistics.fmean(aucs[:k]), "final_auc": statistics.fmean(aucs[-k:])}
+    if args.compile:  # graphs compiled in all, and after the first two steps (their lengths mark sizes dynamic)
+        summary.update(compiled_graphs=compiles[-1],
+                       recompiles_after_step_2=compiles[-1] - compiles[min(1, len(compiles) - 1)])
     if rank == 0:
         print(json.dumps(summary), flush=True)
+        if args.plot:
+            save_plot(args.plot, losses, aucs)
     if world > 1:
         dist.barrier()  # every rank done before any tears gloo down (else, under load, a rank can abort at exit)
         dist.destroy_process_group()
