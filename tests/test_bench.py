@@ -83,6 +83,38 @@ def test_packaged_suite_lengths_follow_the_recipe():
     assert len(set(names)) == len(names)
 
 
+def test_bytes_moved_counts_each_tensor_once():
+    """Forward: q, k, v read, o and the float32 lse written; backward: q, k, v, o, dO, lse read, dq, dk, dv
+    written; broadcast q (and its dq) once; cross-attention q rows = min(q_len, L)."""
+    kv = [5, 40, 1]
+    H, Hkv, D, e = 4, 2, 16, 2
+    self_ = suite.Workload("s", "self", batch=3, heads_q=H, heads_kv=Hkv, head_dim=D, lengths=tuple(kv), dist="file")
+    rows, k_rows = sum(kv), sum(kv)
+    q, kvb, o, lse = rows * H * D * e, k_rows * Hkv * D * e, rows * H * D * e, rows * H * 4
+    assert suite.bytes_moved(self_) == (q + 2 * kvb + o + lse, 2 * q + 4 * kvb + 2 * o + lse)
+    bc = suite.Workload("b", "broadcast", batch=3, q_len=8, heads_q=H, heads_kv=Hkv, head_dim=D, lengths=tuple(kv),
+                        dist="file")
+    q, o, lse = 8 * H * D * e, 24 * H * D * e, 24 * H * 4
+    assert suite.bytes_moved(bc) == (q + 2 * kvb + o + lse, 2 * q + 4 * kvb + 2 * o + lse)
+    cross = suite.Workload("c", "cross", batch=3, q_len=8, heads_q=H, heads_kv=Hkv, head_dim=D, lengths=tuple(kv),
+                           dist="file")
+    assert suite.q_lengths(cross, suite.kv_lengths(cross)).tolist() == [5, 8, 1]
+    q = 14 * H * D * e
+    assert suite.bytes_moved(cross) == (2 * q + 2 * kvb + 14 * H * 4, 4 * q + 4 * kvb + 14 * H * 4)
+
+
+def test_cross_mode_inputs_and_pairs():
+    """Target queries at the end of each history (bottom-right, causal): min(q_len, L) query rows per sequence,
+    packed, with their own offsets; pairs counted exactly."""
+    w = suite.Workload("t", "cross", batch=3, q_len=4, heads_q=2, heads_kv=2, head_dim=16, lengths=(9, 2, 5),
+                       dist="file", window=(-1, 0))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.bfloat16)
+    assert inp.q_offsets.tolist() == [0, 4, 6, 10] and inp.kv_offsets.tolist() == [0, 9, 11, 16]
+    assert inp.q.shape == (10, 2, 16) and inp.dout.shape == (10, 2, 16)
+    assert suite.pairs(w) == brute_pairs([4, 2, 4], [9, 2, 5], -1, 0) == (6 + 7 + 8 + 9) + (1 + 2) + (2 + 3 + 4 + 5)
+    assert w.spec()["q_len"] == 4 and suite.Workload.from_dict(w.spec()) == w
+
+
 def test_suite_file_parsing(tmp_path):
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"about": "x", "workloads": [
@@ -252,8 +284,22 @@ def test_cli_smoke_from_a_lengths_file(tmp_path, capsys):
     assert w["spec"]["lengths"] == [1, 1]  # scaled down by the smoke run (lengths / 64, at least 1)
     assert set(w["results"]) == {"jfa", "sdpa-padded"}
     assert all(r["correct"] for r in w["results"].values())
-    assert data["env"]["smoke"] is True and data["ceiling_tflops"] > 0
-    assert "lens" in capsys.readouterr().out
+    assert data["env"]["smoke"] is True and data["ceiling_tflops"] > 0 and data["bandwidth_gbs"] > 0
+    floor = max(w["fwd_flops"] / data["ceiling_tflops"] / 1e9, w["fwd_bytes"] / data["bandwidth_gbs"] / 1e6)
+    assert w["floor_fwd_ms"] == pytest.approx(floor)
+    r = w["results"]["jfa"]
+    assert r["fwd_floor_pct"] == pytest.approx(100 * floor / r["fwd_ms"])
+    assert "lens" in capsys.readouterr().out and "% floor" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_cli_smoke_cross_workload(tmp_path):
+    """The packaged targets-32 (cross mode), scaled down, through the smoke run: jfa's Triton kernels and the
+    padded baseline agree with the reference."""
+    rc = main(["--smoke", "--only", "targets-32", "--providers", "jfa,sdpa-padded", "--out", str(tmp_path),
+               "--no-plots"])
+    assert rc == 0
+    (w,) = json.loads((tmp_path / "results.json").read_text())["workloads"]
+    assert w["spec"]["mode"] == "cross" and all(r["correct"] for r in w["results"].values())
 
 
 def test_flex_provider_masks_windows_like_the_reference():

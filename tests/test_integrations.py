@@ -288,7 +288,8 @@ def test_gem_model_trains_with_ddp_on_two_gloo_processes():
            "--master_port", str(_free_port()), os.path.join(REPO, "examples", "gem_model.py"),
            "--device", "cpu", "--backend", REF, "--steps", "20", "--batch", "16", "--max-len", "32",
            "--num-items", "64", "--d-model", "16", "--heads", "2", "--kv-heads", "1", "--layers", "1",
-           "--pma-queries", "2", "--lr", "1e-2", "--trigger-rate", "0.1", "--threads", "1", "--balance", "--quiet"]
+           "--pma-queries", "2", "--lr", "1e-2", "--lr-warmup", "2", "--trigger-rate", "0.1", "--threads", "1",
+           "--balance", "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

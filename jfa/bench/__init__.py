@@ -41,8 +41,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--heads", type=int, default=4, help="query heads")
     g.add_argument("--kv-heads", type=int, help="kv heads (default: --heads)")
     g.add_argument("--head-dim", type=int, default=128)
-    g.add_argument("--mode", choices=("self", "broadcast"), default="self")
-    g.add_argument("--q-len", type=int, default=64, help="dense q rows in broadcast mode")
+    g.add_argument("--mode", choices=("self", "cross", "broadcast"), default="self")
+    g.add_argument("--q-len", type=int, default=64, help="dense q rows (broadcast), or queries per sequence at most "
+                                                         "(cross)")
     g.add_argument("--window", type=int, nargs=2, default=(-1, -1), metavar=("LEFT", "RIGHT"))
     g.add_argument("--causal", action="store_true")
     return p
@@ -116,7 +117,8 @@ def main(argv=None) -> int:
                           on_result=on_result, **timing)
     finally:
         close()
-    print(f"ceiling: {data['ceiling_tflops']:.1f} TF/s ({data['ceiling']})")
+    print(f"ceiling: {data['ceiling_tflops']:.1f} TF/s ({data['ceiling']}); bandwidth: {data['bandwidth_gbs']:.0f} GB/s "
+          f"({data['bandwidth']})")
     if args.out:
         files = report.render(data, args.out, plots=not args.no_plots)
         print(f"wrote {', '.join(str(f) for f in files[:2])} and {len(files) - 2} plots")

@@ -88,6 +88,9 @@ def header_lines(data: dict) -> list[str]:
              f"triton {env.get('triton')}, jfa {env.get('jfa')} @ {env.get('jfa_commit') or '?'}, {env.get('date')}"]
     if data.get("ceiling_tflops"):
         lines.append(f"ceiling: {data['ceiling_tflops']:.1f} TF/s ({data.get('ceiling', 'dense matmul')}, same run)")
+    if data.get("bandwidth_gbs"):
+        lines.append(f"bandwidth: {data['bandwidth_gbs']:.0f} GB/s ({data.get('bandwidth', 'copy')}, read + write, "
+                     f"same run)")
     return lines
 
 
@@ -95,7 +98,8 @@ def workload_rows(w: dict) -> list[list[str]]:
     rows = []
     for name, r in w["results"].items():
         rows.append([name, _fmt(r.get("fwd_ms"), 3), _fmt(r.get("bwd_ms"), 3), _fmt(r.get("fwd_tflops")),
-                     _fmt(r.get("bwd_tflops")), _fmt(r.get("peak_mb"), 0),
+                     _fmt(r.get("bwd_tflops")), _fmt(r.get("fwd_floor_pct"), 0), _fmt(r.get("bwd_floor_pct"), 0),
+                     _fmt(r.get("peak_mb"), 0),
                      {True: "yes", False: "NO", None: "-"}[r.get("correct")],
                      provider_status(r) if provider_status(r) != "ok" else (r.get("note") or "")
                      + (f" mask build {r['build_ms']:.1f} ms" if r.get("build_ms") is not None else "")
@@ -104,7 +108,8 @@ def workload_rows(w: dict) -> list[list[str]]:
     return rows
 
 
-COLUMNS = ["provider", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "peak MB", "correct", "note"]
+COLUMNS = ["provider", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "fwd % floor", "bwd % floor", "peak MB",
+           "correct", "note"]
 
 
 def ratio_text(w: dict) -> str:
@@ -118,7 +123,7 @@ def ratio_text(w: dict) -> str:
 def terminal_table(w: dict) -> str:
     rows = [COLUMNS] + workload_rows(w)
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
-    lines = [f"== {w['name']}  ({_spec_text(w['spec'])}; {w['pairs']:,} visible pairs)"]
+    lines = [f"== {w['name']}  ({_spec_text(w['spec'])}; {w['pairs']:,} visible pairs{_floor_text(w)})"]
     for r in rows:
         lines.append("  ".join(c.rjust(wd) if i else c.ljust(wd) for i, (c, wd) in enumerate(zip(r, widths)))
                      + "  " + r[-1])
@@ -126,10 +131,17 @@ def terminal_table(w: dict) -> str:
     return "\n".join(lines)
 
 
+def _floor_text(w: dict) -> str:
+    if w.get("floor_fwd_ms") is None:
+        return ""
+    return (f"; floor fwd {w['floor_fwd_ms']:.3f} ms, bwd {w['floor_bwd_ms']:.3f} ms ({w['fwd_bytes'] / 1e9:.2f} / "
+            f"{w['bwd_bytes'] / 1e9:.2f} GB)")
+
+
 def _spec_text(s: dict) -> str:
     bits = [s["mode"], f"B={s['batch']}", f"max_len={s['max_len']}", s["dist"],
             f"H={s['heads_q']}/{s['heads_kv']}", f"D={s['head_dim']}"]
-    if s["mode"] == "broadcast":
+    if s["mode"] != "self":
         bits.append(f"q_len={s['q_len']}")
     if list(s["window"]) != [-1, -1]:
         bits.append(f"window={list(s['window'])}")
@@ -140,7 +152,9 @@ def markdown(data: dict) -> str:
     out = ["# jfa bench", ""] + [f"- {x}" for x in header_lines(data)] + [
         "", "TF/s count only visible (query, key) pairs: forward 4·Hq·D·pairs, backward 2.5x that. Median of "
         "triton.testing.do_bench; backward = (forward+backward) − forward. Ratios: jfa over the fastest "
-        "correct peer of this run, per phase (> 1: jfa is faster).", ""]
+        "correct peer of this run, per phase (> 1: jfa is faster). % floor: the phase's roofline floor, max(FLOPs / "
+        "ceiling, bytes / bandwidth) with the bytes that must cross memory once, over the provider's time (100% = at "
+        "the floor).", ""]
     summary = [w for w in data["workloads"] if w.get("ratios")]
     if summary:
         names = sorted({n for w in summary for n in w["ratios"]})
@@ -154,7 +168,7 @@ def markdown(data: dict) -> str:
             out.append(f"| {w['name']} | " + " | ".join(cells) + f" | {peer} |")
         out.append("")
     for w in data["workloads"]:
-        out += [f"## {w['name']}", "", f"{_spec_text(w['spec'])}; {w['pairs']:,} visible pairs.", "",
+        out += [f"## {w['name']}", "", f"{_spec_text(w['spec'])}; {w['pairs']:,} visible pairs{_floor_text(w)}.", "",
                 "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         out += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in workload_rows(w)]
         out += ["", f"Ratio to the fastest peer: {ratio_text(w)}.", ""]
@@ -179,12 +193,14 @@ def plot_workload(w: dict, ceiling: float | None, path: Path):
     width = 0.38
     for i, ph in enumerate(PHASES):
         vals = [w["results"][n].get(f"{ph}_tflops") or 0.0 for n in names]  # None: not resolved
+        pct = [w["results"][n].get(f"{ph}_floor_pct") for n in names]
         bars = ax.bar([x + (i - 0.5) * width for x in xs], vals, width, label=ph)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.bar_label(bars, labels=[f"{v:.0f}" + (f"\n{p:.0f}%" if p else "") for v, p in zip(vals, pct)],
+                     fontsize=7)
     if ceiling:
         ax.axhline(ceiling, color="k", linestyle="--", linewidth=1, label=f"dense matmul {ceiling:.0f}")
     ax.set_xticks(list(xs), names, rotation=20, ha="right")
-    ax.set_ylabel("TF/s (visible pairs)")
+    ax.set_ylabel("TF/s (visible pairs); % of floor")
     ax.set_title(w["name"] + ("" if names else " (no provider timed)"))
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -16,6 +16,11 @@ runs on the whole batch, with the upstream gradient zeroed past the prefix (see 
 Timing: triton.testing.do_bench (median, p20, p80) of the forward and of forward+backward on CUDA;
 backward = (forward+backward) - forward. On the CPU (smoke run) a plain perf_counter loop.
 TF/s from exact visible pair counts (jfa.jagged.visible_pairs): forward 4 * Hq * D * pairs, backward 2.5x.
+
+Roofline: each run measures the dense matmul rate (ceiling_tflops) and the copy bandwidth (bandwidth_gbs, a
+large device-to-device copy, bytes read plus written). A phase's floor is max(FLOPs / ceiling, bytes /
+bandwidth), the bytes being what must cross memory once (suite.bytes_moved); each provider's ``*_floor_pct``
+is floor / time: 100% = at the roofline.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import torch
 
 from .. import reference
 from . import providers as providers_mod
-from .suite import Inputs, flops, make_inputs
+from .suite import Inputs, bytes_moved, flops, make_inputs
 
 GATE_BUDGET = 1 << 28  # sum over the checked sequences of Hq * Lq * Lk (one fp32 score tensor ~1 GiB)
 
@@ -180,6 +185,15 @@ def ceiling_tflops(device) -> tuple[float, str]:
     return 2 * n ** 3 / ms / 1e9, f"torch.matmul {n}x{n}x{n} {str(dtype).replace('torch.', '')}"
 
 
+def bandwidth_gbs(device) -> tuple[float, str]:
+    """The device's copy bandwidth, measured now: bytes read plus written per second by a large copy."""
+    n = (1 << 28) if torch.device(device).type == "cuda" else (1 << 24)  # 1 GiB / 64 MiB of float32
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, cpu_reps=5)[0]
+    return 2 * 4 * n / ms / 1e6, f"copy of {4 * n >> 20} MiB"
+
+
 def _free(device):
     gc.collect()
     if torch.device(device).type == "cuda":
@@ -190,10 +204,17 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
-def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, **timing) -> dict:
-    """Results of one workload: {"name", "spec", "pairs", "fwd_flops", "bwd_flops", "results", ratios}."""
+def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roofline=None, **timing) -> dict:
+    """Results of one workload: {"name", "spec", "pairs", "fwd_flops", "bwd_flops", "fwd_bytes", "bwd_bytes",
+    "floor_fwd_ms", "floor_bwd_ms", "results", ratios}; roofline = (ceiling TF/s, bandwidth GB/s) or None."""
     inp = make_inputs(w, device=device, dtype=dtype)
     fwd_flops, bwd_flops = flops(w, inp.kv_lens)
+    fwd_bytes, bwd_bytes = bytes_moved(w, inp.kv_lens, torch.finfo(dtype).bits // 8)
+    floors = {}
+    if roofline:
+        tflops, gbs = roofline
+        floors = {f"floor_{ph}_ms": max(f / tflops / 1e9, b / gbs / 1e6)
+                  for ph, f, b in (("fwd", fwd_flops, fwd_bytes), ("bwd", bwd_flops, bwd_bytes))}
     n = gate_prefix(inp)
     ref = reference_results(inp if n == inp.batch else inp.prefix(n))
     results = {}
@@ -213,6 +234,9 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, **ti
             res["correct"] = verdict["correct"]
             if verdict["correct"]:
                 m = measure(fn, inp, fwd_flops, bwd_flops, **timing)
+                for ph in ("fwd", "bwd"):
+                    if floors and m.get(f"{ph}_ms"):
+                        m[f"{ph}_floor_pct"] = 100 * floors[f"floor_{ph}_ms"] / m[f"{ph}_ms"]
                 if res.get("note") and m.get("note"):
                     m["note"] = res["note"] + "; " + m["note"]
                 res.update(m)
@@ -224,7 +248,8 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, **ti
                 t.grad = None
             _free(device)
     out = {"name": w.name, "spec": w.spec(), "pairs": int(fwd_flops / (4 * w.heads_q * w.head_dim)),
-           "fwd_flops": fwd_flops, "bwd_flops": bwd_flops, "results": results}
+           "fwd_flops": fwd_flops, "bwd_flops": bwd_flops, "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes,
+           **floors, "results": results}
     out.update(ratios(results, {p.name: p.peer for p in providers}))
     del inp, ref
     _free(device)
@@ -252,10 +277,12 @@ def run(workloads, providers=None, device="cuda", dtype=torch.bfloat16, env=None
     """The whole run: results.json's structure."""
     providers = providers if providers is not None else providers_mod.all_providers()
     ceiling, ceiling_how = ceiling_tflops(device)
-    data = {"env": env or {}, "ceiling_tflops": ceiling, "ceiling": ceiling_how, "dtype": str(dtype).replace(
+    bandwidth, bandwidth_how = bandwidth_gbs(device)
+    data = {"env": env or {}, "ceiling_tflops": ceiling, "ceiling": ceiling_how, "bandwidth_gbs": bandwidth,
+            "bandwidth": bandwidth_how, "dtype": str(dtype).replace(
         "torch.", ""), "workloads": []}
     for w in workloads:
-        wres = run_workload(w, providers, device, dtype, progress=progress, **timing)
+        wres = run_workload(w, providers, device, dtype, progress=progress, roofline=(ceiling, bandwidth), **timing)
         data["workloads"].append(wres)
         if on_result:
             on_result(wres)

@@ -7,6 +7,9 @@ The suite file (default: the packaged ``jfa/workloads.json``) holds ``{"about": 
     uniform: L = max(1, floor(u * max_len))
     skewed:  L = max(1, floor(u**3 * max_len)), then L[0] = max_len
     full:    L = max_len for every sequence
+
+Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
+attend its L keys, aligned bottom-right), "broadcast" (one dense q of q_len rows for every sequence).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 from ..jagged import causal_window, visible_pairs
 
 DISTS = ("uniform", "skewed", "full")
-MODES = ("self", "broadcast")
+MODES = ("self", "cross", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class Workload:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"workload {d.get('name')!r}: unknown keys {sorted(unknown)}")
-        w = cls(**{**d, "window": tuple(d.get("window", (-1, -1)))})
+        lengths = d.get("lengths")
+        w = cls(**{**d, "window": tuple(d.get("window", (-1, -1))),
+                   "lengths": None if lengths is None else tuple(lengths)})
         w.validate()
         return w
 
@@ -57,8 +62,8 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: dist must be one of {DISTS}, got {self.dist!r}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"workload {self.name!r}: heads_q {self.heads_q} not a multiple of {self.heads_kv}")
-        if self.mode == "broadcast" and self.q_len < 1:
-            raise ValueError(f"workload {self.name!r}: broadcast mode needs q_len >= 1")
+        if self.mode in ("broadcast", "cross") and self.q_len < 1:
+            raise ValueError(f"workload {self.name!r}: {self.mode} mode needs q_len >= 1")
         if len(self.window) != 2:
             raise ValueError(f"workload {self.name!r}: window must be [left, right]")
 
@@ -74,7 +79,7 @@ class Workload:
             del d["lengths"]
         else:
             d["lengths"] = list(d["lengths"])
-        if self.mode != "broadcast":
+        if self.mode == "self":
             del d["q_len"]
         return d
 
@@ -129,7 +134,9 @@ def kv_lengths(w: Workload) -> torch.Tensor:
 
 
 def q_lengths(w: Workload, kv_lens: torch.Tensor) -> torch.Tensor:
-    return torch.full_like(kv_lens, w.q_len) if w.broadcast else kv_lens
+    if w.broadcast:
+        return torch.full_like(kv_lens, w.q_len)
+    return torch.clamp(kv_lens, max=w.q_len) if w.mode == "cross" else kv_lens
 
 
 def read_lengths_file(path) -> list[int]:
@@ -155,7 +162,7 @@ def workload_from_lengths(path, *, heads_q=4, heads_kv=None, head_dim=128, mode=
     left, right = causal_window(causal, tuple(window))
     w = Workload(name=Path(path).stem, mode=mode, batch=len(lens), max_len=max(lens), dist="file", seed=0,
                  heads_q=heads_q, heads_kv=heads_kv or heads_q, head_dim=head_dim, window=(left, right),
-                 q_len=q_len if mode == "broadcast" else 0, lengths=tuple(lens))
+                 q_len=q_len if mode != "self" else 0, lengths=tuple(lens))
     w.validate()
     return w
 
@@ -187,6 +194,20 @@ def flops(w: Workload, kv_lens: torch.Tensor | None = None) -> tuple[float, floa
     """(forward, backward) FLOPs: 4 * Hq * D * pairs, and 2.5x that."""
     fwd = 4.0 * w.heads_q * w.head_dim * pairs(w, kv_lens)
     return fwd, 2.5 * fwd
+
+
+def bytes_moved(w: Workload, kv_lens: torch.Tensor | None = None, elt: int = 2) -> tuple[float, float]:
+    """(forward, backward) bytes that must cross device memory at least once: forward reads q, k, v and writes
+    o and the float32 lse; backward reads q, k, v, o, dO, lse and writes dq, dk, dv. Broadcast q (and its dq)
+    counts once; elt = bytes per element of q, k, v."""
+    kv_lens = kv_lengths(w) if kv_lens is None else kv_lens
+    rows = int(q_lengths(w, kv_lens).sum())  # output rows
+    q_rows = w.q_len if w.broadcast else rows
+    q = q_rows * w.heads_q * w.head_dim * elt
+    kv = int(kv_lens.sum()) * w.heads_kv * w.head_dim * elt
+    o = rows * w.heads_q * w.head_dim * elt
+    lse = rows * w.heads_q * 4
+    return float(q + 2 * kv + o + lse), float(2 * q + 4 * kv + 2 * o + lse)
 
 
 @dataclass
