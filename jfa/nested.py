@@ -72,7 +72,7 @@ def _describe(x) -> str:
     return type(x).__name__
 
 
-def _cached_max_len(nt):
+def cached_max_len(nt):
     """The NJT's cached max length as a Python int, or None (never computed here: that would sync)."""
     if torch.compiler.is_compiling():
         return None  # a SymInt under tracing; the hints are not needed there (the checks are skipped)
@@ -103,7 +103,7 @@ def unpack_qkv(q, k, v, q_offsets=None, kv_offsets=None, max_q_len=None, max_kv_
             raise ValueError("k and v NJTs must have the same ragged structure (offsets)")
     self_attention = k_off is q_off
     if max_q_len is None:
-        max_q_len = _cached_max_len(q)
+        max_q_len = cached_max_len(q)
     if max_kv_len is None:
-        max_kv_len = max_q_len if self_attention else _cached_max_len(k)
+        max_kv_len = max_q_len if self_attention else cached_max_len(k)
     return (q_values, k_values, v_values, q_off, None if self_attention else k_off, max_q_len, max_kv_len)

@@ -32,10 +32,7 @@ def _unpack(x, offsets, max_len):
         if offsets is not None:
             raise ValueError("with an NJT input the offsets come from it: do not pass offsets")
         values, offsets = nested.from_njt(x)
-        if max_len is None and not torch.compiler.is_compiling():
-            cached = x._maybe_max_seqlen
-            max_len = cached if isinstance(cached, int) else None
-        return values, offsets, max_len, True
+        return values, offsets, nested.cached_max_len(x) if max_len is None else max_len, True
     if offsets is None:
         raise ValueError("a packed input [T, E] needs its offsets [B+1]")
     if x.dim() != 2:
