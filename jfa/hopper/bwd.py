@@ -17,6 +17,7 @@ blocks that see the tile (jfa.hopper.config.key_tile_schedule). Partitions:
 """
 import math
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
@@ -26,28 +27,11 @@ from ..geometry import full_query_blocks, in_window
 from ..runtime import num_sms
 from ..schedule import CACHE
 from ..triton.launch import bwd_delta, sum_broadcast_dq
-from .common import Batch, ItemOperands, Ring, WG_ROWS, WorkList, aggregate, aligned, tma_descriptor
+from .bwd_dq import dq_pass
+from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, tma_descriptor
 from .config import DkdvConfig, key_tile_schedule, select_dkdv
 
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@aggregate
-class DkdvShape:
-    """The compile-time shape of one dK/dV kernel (jfa.hopper.config.DkdvConfig and the problem's)."""
-    GROUP: gl.constexpr  # query heads per kv head
-    BLOCK_M: gl.constexpr  # query rows per (Q, dO) block
-    BLOCK_N: gl.constexpr  # keys per item: WG_ROWS per consumer
-    SERIAL: gl.constexpr
-    BROADCAST: gl.constexpr  # one dense q for every sequence
-
-    @constexpr_function
-    def __init__(self, GROUP, BLOCK_M, SERIAL, BROADCAST):
-        self.GROUP = gl.constexpr(GROUP)
-        self.BLOCK_M = gl.constexpr(BLOCK_M)
-        self.BLOCK_N = gl.constexpr(2 * WG_ROWS)
-        self.SERIAL = gl.constexpr(SERIAL)
-        self.BROADCAST = gl.constexpr(BROADCAST)
 
 
 @aggregate
@@ -225,7 +209,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, LSE, DELTA, q_of
                        scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                        STAGES: gl.constexpr, SERIAL: gl.constexpr, BROADCAST: gl.constexpr,
                        num_warps: gl.constexpr):
-    shape = DkdvShape(GROUP, BLOCK_M, SERIAL, BROADCAST)
+    shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, SERIAL, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads_kv)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     grads = DkdvGrads.create(DK, DV, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, scale,
@@ -266,9 +250,6 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
              deterministic=False):
     """-> (dq, dk, dv) as jfa.triton.launch.backward: Delta, the dK/dV pass, the dQ pass (jfa.hopper.bwd_dq),
     and in broadcast mode the sum of dQ's per-sequence partials. Deterministic whatever `deterministic` says."""
-    import torch
-
-    from .bwd_dq import dq_pass
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)

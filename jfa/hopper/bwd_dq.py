@@ -20,26 +20,10 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 from ..geometry import key_blocks, visible
 from ..runtime import num_sms
 from ..schedule import CACHE
-from .common import Batch, ItemOperands, Ring, WG_ROWS, WorkList, aggregate, aligned, tma_descriptor
+from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, tma_descriptor
 from .config import DqConfig, query_tile_schedule, select_dq
 
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@aggregate
-class DqShape:
-    """The compile-time shape of one dQ kernel (jfa.hopper.config.DqConfig and the problem's)."""
-    GROUP: gl.constexpr  # query heads per kv head
-    BLOCK_M: gl.constexpr  # query rows per item: WG_ROWS per consumer
-    BLOCK_N: gl.constexpr  # keys per K/V block
-    BROADCAST: gl.constexpr  # one dense q for every sequence
-
-    @constexpr_function
-    def __init__(self, GROUP, BLOCK_N, BROADCAST):
-        self.GROUP = gl.constexpr(GROUP)
-        self.BLOCK_M = gl.constexpr(2 * WG_ROWS)
-        self.BLOCK_N = gl.constexpr(BLOCK_N)
-        self.BROADCAST = gl.constexpr(BROADCAST)
 
 
 @aggregate
@@ -170,7 +154,7 @@ def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets,
                      stride_dqt, stride_dqh, stride_lh, tile_capacity, heads, scale, qk_scale, LEFT, RIGHT,
                      GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr,
                      num_warps: gl.constexpr):
-    shape = DqShape(GROUP, BLOCK_N, BROADCAST)
+    shape = Shape(GROUP, 2 * WG_ROWS, BLOCK_N, 2, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     qdo_ops = ItemOperands.alloc(q_desc, do_desc, 2, True)

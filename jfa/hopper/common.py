@@ -1,6 +1,7 @@
 """What the Hopper kernels share: TMA descriptors over packed jagged tensors, and the aggregates their
 partitions are written with.
 
+  Shape          a kernel's compile-time shape: GQA group, tile rows, consumers, modes
   Batch          the jagged batch as the kernels see it: both offsets tensors and the window
   WorkList       this CTA's items of a jfa.schedule; ``item(idx)`` -> Item
   Item           one work item: a tile of one sequence and head, and the range of the other side it sees
@@ -45,6 +46,27 @@ def tma_descriptor(x: torch.Tensor, block_rows: int):
 def aligned(*tensors):
     """The tensors, each cloned if its base is not 16-byte aligned (TMA's requirement)."""
     return tuple(x if x.data_ptr() % 16 == 0 else x.clone() for x in tensors)
+
+
+@aggregate
+class Shape:
+    """The compile-time shape of one kernel (its config's and the problem's): rows per item and per block of the
+    other side, the consumers, and the modes."""
+    GROUP: gl.constexpr  # query heads per kv head
+    BLOCK_M: gl.constexpr  # query rows per tile (forward, dQ: per item; dK/dV: per (Q, dO) block)
+    BLOCK_N: gl.constexpr  # key rows per tile (forward, dQ: per K/V block; dK/dV: per item)
+    CONSUMERS: gl.constexpr  # consumer warpgroups
+    SERIAL: gl.constexpr  # dK/dV: the MMAs one after another
+    BROADCAST: gl.constexpr  # one dense q for every sequence
+
+    @constexpr_function
+    def __init__(self, GROUP, BLOCK_M, BLOCK_N, CONSUMERS, SERIAL, BROADCAST):
+        self.GROUP = gl.constexpr(GROUP)
+        self.BLOCK_M = gl.constexpr(BLOCK_M)
+        self.BLOCK_N = gl.constexpr(BLOCK_N)
+        self.CONSUMERS = gl.constexpr(CONSUMERS)
+        self.SERIAL = gl.constexpr(SERIAL)
+        self.BROADCAST = gl.constexpr(BROADCAST)
 
 
 @aggregate

@@ -27,28 +27,10 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 from ..geometry import in_window, key_blocks
 from ..runtime import num_sms
 from ..schedule import CACHE
-from .common import Batch, ItemOperands, Ring, WG_ROWS, WorkList, aggregate, aligned, tma_descriptor
+from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, tma_descriptor
 from .config import FwdConfig, query_tile_schedule, select_fwd
 
 LN2 = gl.constexpr(0.6931471805599453)
-
-
-@aggregate
-class FwdShape:
-    """The compile-time shape of one forward kernel (jfa.hopper.config.FwdConfig and the problem's)."""
-    GROUP: gl.constexpr  # query heads per kv head
-    BLOCK_M: gl.constexpr  # query rows per item: CONSUMERS x WG_ROWS
-    BLOCK_N: gl.constexpr  # keys per K/V block
-    CONSUMERS: gl.constexpr
-    BROADCAST: gl.constexpr  # one dense q for every sequence
-
-    @constexpr_function
-    def __init__(self, GROUP, BLOCK_N, CONSUMERS, BROADCAST):
-        self.GROUP = gl.constexpr(GROUP)
-        self.BLOCK_M = gl.constexpr(CONSUMERS * WG_ROWS)
-        self.BLOCK_N = gl.constexpr(BLOCK_N)
-        self.CONSUMERS = gl.constexpr(CONSUMERS)
-        self.BROADCAST = gl.constexpr(BROADCAST)
 
 
 @aggregate
@@ -215,7 +197,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, til
                       stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                       BROADCAST: gl.constexpr, num_warps: gl.constexpr):
-    shape = FwdShape(GROUP, BLOCK_N, CONSUMERS, BROADCAST)
+    shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale)
