@@ -1,10 +1,11 @@
 """Time the hopper backend's parts apart on the suite (bf16, an sm_90 GPU): the schedule refresh on a cache hit
-and with a rebuild, the forward, Delta, the dK/dV pass and the dQ pass; and the floor of each phase.
+and with a rebuild, the forward, Delta, the one-pass backward kernel, the deterministic backward's dK/dV and dQ
+passes, and each whole backward (Delta, zeroing, casts included).
 
     python benchmarks/passes.py [--only NAME,...] [--rep-ms 100]
 
 One line per workload: each part's median ms (triton.testing.do_bench) and, for the kernels, TF/s over the
-matmuls each one does (forward 2 of 2; dK/dV 4 and dQ 3 of the backward's 5). Use it to see which part a
+matmuls each one does (forward 2 of 2; one pass 5, dK/dV 4 and dQ 3 of the backward's 5). Use it to see which part a
 change moved; `jfa bench` is the end-to-end number against the peers.
 """
 import argparse
@@ -33,6 +34,8 @@ def parts(inp):
     bargs = (q, k, v, inp.dout, lse, delta, *args)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq = torch.empty(out.shape, device=q.device, dtype=torch.float32 if w.broadcast else q.dtype)
+    dq32 = torch.zeros(out.shape, device=q.device, dtype=torch.float32)  # sums of every timed run: unread
+    hargs = (inp.dout, None, q, k, v, out, lse, *args)
     cfg = select_fwd(w.head_dim)
     spec = query_tile_schedule(out.shape[0], w.heads_q, cfg.block_m, left, right, num_sms(q.device) * cfg.ctas_per_sm)
     sched = CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0])
@@ -45,8 +48,11 @@ def parts(inp):
             "refresh (rebuild)": (rebuild, 0, None),
             "forward": (lambda: hopper.forward(q, k, v, *args), 1, "fwd"),
             "delta": (lambda: bwd_delta(out, inp.dout, None, lse), 0, None),
+            "one pass": (lambda: bwd.dkdv(*bargs, dk, dv, dq32), 1, "bwd"),
             "dkdv": (lambda: bwd.dkdv(*bargs, dk, dv), 4 / 5, "bwd"),
-            "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd")}
+            "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd"),
+            "backward": (lambda: hopper.backward(*hargs), 1, "bwd"),
+            "backward (deterministic)": (lambda: hopper.backward(*hargs, deterministic=True), 1, "bwd")}
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,5 @@
-"""A small case of every Hopper kernel (forward, dK/dV, dQ; D 64 and 128; causal GQA and broadcast q), checked
+"""A small case of every Hopper kernel (forward, the one-pass backward, and the deterministic backward's dK/dV and
+dQ passes; D 64 and 128; causal GQA and broadcast q), checked
 against the reference: the workload for compute-sanitizer (scripts/sanitize.sh) and a quick smoke test.
 
     python benchmarks/small_case.py
@@ -16,11 +17,13 @@ def main() -> int:
         for name, kw in (("causal-gqa", dict(q_lens=[1, 65, 129, 300], hq=4, hkv=2, causal=True)),
                          ("broadcast", dict(q_lens=None, kv_lens=[0, 1, 65, 129], broadcast_lq=64, hq=4, hkv=4))):
             case = make_case(**kw, d=d, dtype=torch.bfloat16, device="cuda", seed=d)
-            out, lse, grads = run_backend(case, "hopper")
-            torch.cuda.synchronize()
-            failures = compare(case, out, lse, grads)
-            bad += bool(failures)
-            print(f"D={d} {name}: {failures or 'ok'}", flush=True)
+            for deterministic in (False, True):
+                out, lse, grads = run_backend(case, "hopper", deterministic=deterministic)
+                torch.cuda.synchronize()
+                failures = compare(case, out, lse, grads)
+                bad += bool(failures)
+                print(f"D={d} {name} {'two passes' if deterministic else 'one pass'}: {failures or 'ok'}",
+                      flush=True)
     return 1 if bad else 0
 
 

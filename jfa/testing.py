@@ -21,8 +21,9 @@ from . import reference
 from .jagged import resolve_window
 
 
-# The GPU tests' named modes: awkward lengths (0, 1, block edges) up to a few thousand rows.
-GPU_LENS = [0, 1, 63, 64, 65, 127, 129, 511, 1000, 2047]
+# The GPU tests' named modes: awkward lengths (0, 1, 2, the edges of 64- and 128-row blocks) up to a few thousand
+# rows, mixed in one batch.
+GPU_LENS = [0, 1, 2, 63, 64, 65, 127, 128, 129, 511, 1000, 2047]
 GPU_MODES = {
     "self": dict(q_lens=GPU_LENS),
     "causal": dict(q_lens=GPU_LENS, causal=True),

@@ -34,6 +34,16 @@ def test_hopper_backend(mode, dtype, d):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_deterministic_backward(mode, d):
+    """deterministic=True takes the two-pass backward (no atomics): the same checks."""
+    case = _case(mode, d)
+    out, lse, grads = run_backend(case, "hopper", deterministic=True)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 def test_auto_picks_hopper_where_it_applies_and_falls_back_elsewhere():
     cuda = torch.device("cuda")
     assert jfa.backends.select("auto", cuda, 128, torch.bfloat16) == "hopper"

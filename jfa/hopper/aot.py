@@ -24,7 +24,10 @@ def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options)
     types = dict(types, **{arg: "*i32" for arg in _SCHEDULE})
     sig = {arg: "constexpr" if arg in constexprs else mangle_type(descs[arg]) if arg in descs
            else types.get(arg, "i32") for arg in kernel.arg_names}
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    # as a launch specializes them: pointers 16-byte aligned, row and head strides multiples of 16 elements
+    aligned = [i for i, arg in enumerate(kernel.arg_names) if sig[arg].startswith("*") or arg.startswith("stride_")]
+    attrs = {(i, ): [["tt.divisibility", 16]] for i in aligned}
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options)).asm
     regs, spills = ptxas_report(asm["ptx"])
     report = Report(name, head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", asm["ptx"])), regs, spills,
@@ -66,16 +69,19 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
                     **cfg.launch_options())
 
 
-def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
-    """The dK/dV kernel (jfa.hopper.bwd)."""
-    cfg = select_dkdv(head_dim)
+def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, one_pass=False) -> Report:
+    """The dK/dV kernel (jfa.hopper.bwd); one_pass: with dQ by TMA reduce-add (reported as hopper_bwd)."""
+    cfg = select_dkdv(head_dim, one_pass)
     x = _host_tensor(head_dim, dtype)
-    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd.descriptors(x, x, x, x, cfg)))
-    constexprs = dict(GROUP=1, BLOCK_M=cfg.block_m, STAGES=cfg.stages, SERIAL=cfg.serial, BROADCAST=broadcast,
-                      num_warps=4)
+    dq = _host_tensor(head_dim, torch.float32)
+    names = ("q_desc", "do_desc", "k_desc", "v_desc", "dq_desc")
+    descs = dict(zip(names, bwd.descriptors(x, x, x, x, cfg, dq)))
+    constexprs = dict(GROUP=1, BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages, SERIAL=cfg.serial,
+                      BROADCAST=broadcast, ONE_PASS=one_pass, num_warps=4)
     types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
-    return _compile("hopper_dkdv", bwd.hopper_dkdv_kernel, descs, constexprs, types, head_dim, dtype)
+    return _compile("hopper_bwd" if one_pass else "hopper_dkdv", bwd.hopper_dkdv_kernel, descs, constexprs, types,
+                    head_dim, dtype)
 
 
 def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:

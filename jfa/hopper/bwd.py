@@ -1,19 +1,24 @@
-"""The Hopper backward: Delta (the portable preprocess), then two persistent, warp-specialized Gluon passes,
-dK/dV (this file) and dQ (jfa.hopper.bwd_dq). Deterministic: no atomics anywhere.
+"""The Hopper backward: Delta (the portable preprocess), then by default one persistent, warp-specialized Gluon
+pass that computes dK, dV and dQ (dQ through shared memory to a writer warp that adds it into float32 with TMA
+reduce-adds: jfa.hopper.dq_reduce), or with deterministic=True two passes with no atomics: dK/dV (this file,
+the same kernel without dQ) and dQ (jfa.hopper.bwd_dq). docs/hopper.md describes both.
 
 Glossary as jfa/geometry.py, aggregates and barrier protocol as jfa/hopper/common.py, the math as
 jfa/triton/kernels/bwd.py, computed transposed (S^T = K Q^T, so no tile is transposed in registers).
 
-The dK/dV pass: each CTA loops over its items (key tile of BLOCK_N = 128 keys, kv head), costed by the query
-blocks that see the tile (jfa.hopper.config.key_tile_schedule). Partitions:
+Each CTA loops over its items (key tile of BLOCK_N = 128 keys, kv head), costed by the query blocks that see
+the tile (jfa.hopper.config.key_tile_schedule). Partitions:
 
   load      1 warp: per item, the K and V rows of both consumers (ItemOperands), then (Q, dO) blocks of
-            BLOCK_M query rows, for every query head of the GQA group, through a STAGES-deep Ring.
+            BLOCK_M query rows, for every query head of the GQA group, through a STAGES-deep Ring (one pass:
+            with the rows' LSE and Delta, RowStats).
   dkdv      2 x 4 warps (consumer w owns keys [n0 + 64 w, n0 + 64 w + 64)): per (Q, dO) block, on wgmma:
   (x2)      S^T = K Q^T and dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - Delta);
-            dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers. dK and dV stay in registers over the
-            whole item (GQA group included: no atomics) and are stored once. Each item's blocks run as three
-            loops: masked head, mask-free bulk, masked tail (jfa.geometry.full_query_blocks per warpgroup).
+            dV += P^T dO and dK += dS^T Q; one pass: dQ chunks = dS K (_one_pass_block). dK and dV stay in
+            registers over the whole item (GQA group included: no atomics) and are stored once. Each item's
+            blocks run as three loops: masked head, mask-free bulk, masked tail (jfa.geometry.full_query_blocks
+            per warpgroup).
+  writer    1 warp, one pass only: the dQ chunks' TMA reduce-adds (jfa.hopper.dq_reduce).
 """
 import math
 
@@ -21,15 +26,16 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from ..geometry import full_query_blocks, in_window
 from ..runtime import num_sms
 from ..schedule import CACHE
 from ..triton.launch import bwd_delta, sum_broadcast_dq
 from .bwd_dq import dq_pass
-from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, tma_descriptor
+from .common import WG_ROWS, Batch, ItemOperands, Ring, RowStats, Shape, WorkList, aggregate, aligned, tma_descriptor
 from .config import DkdvConfig, key_tile_schedule, select_dkdv
+from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -72,7 +78,7 @@ class DkdvGrads:
 
 
 @gluon.jit
-def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo):
+def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
     HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
     it = 0  # (Q, dO) blocks loaded so far
@@ -89,7 +95,12 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
                 col = (tile.head * shape.GROUP + g) * HEAD_DIM
                 for m0 in range(tile.lo, tile.hi, BLOCK_M):
                     q_row = m0 if shape.BROADCAST else tile.q_start + m0  # broadcast: one dense q
-                    qdo.fill(it, q_desc, [q_row, col], do_desc, [tile.q_start + m0, col])
+                    qdo.claim(it)
+                    if stats is not None:
+                        head_row = (tile.head * shape.GROUP + g) * grads.stride_lh
+                        stats.put(it, grads.LSE + head_row, grads.DELTA + head_row, tile.q_start + m0,
+                                  grads.stride_lh)
+                    qdo.issue(it, q_desc, [q_row, col], do_desc, [tile.q_start + m0, col])
                     it += 1
             t += 1
 
@@ -153,7 +164,88 @@ def _dkdv_block(m0, it, dk, dv, k_buf, v_buf, qdo, grads, i_h, tile, offs_n, bat
 
 
 @gluon.jit
-def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads):
+def _dq_chunk(it, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
+    """dQ[:, chunk C] of block it = dS_0 K_0[:, C] + dS_1 K_1[:, C] (both consumers' keys), issued (async) once
+    both dS^T are in shared memory."""
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    stage.wait_ds(it)
+    dq = gl.full([BLOCK_M, DQ_COLS], 0.0, gl.float32, layout=dq_layout)
+    for k in gl.static_range(2):
+        k_cols = kv_ops.a.index(k).slice(C * DQ_COLS, DQ_COLS, dim=1)
+        dq = warpgroup_mma(stage.ds_buffer(it, k).permute((1, 0)), k_cols, dq, use_acc=k > 0, is_async=True)
+    return dq
+
+
+@gluon.jit
+def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs_n, batch, WG: gl.constexpr,
+                    BLOCK_M: gl.constexpr, MASKED: gl.constexpr):
+    """_dkdv_block's MMAs one after another with P^T, then dS^T, in shared memory (the A operands of dV's and
+    dK's MMAs), and the block's dQ = dS K: both consumers' dS^T (each over its 64 keys) feed each DQ_COLS-column
+    chunk, computed by its owner (jfa.hopper.dq_reduce) and handed to the writer warp. MASKED also zeroes keys
+    past the sequence's end (they would reach dQ)."""
+    dtype: gl.constexpr = kv_ops.a.dtype
+    k_buf = kv_ops.a.index(WG)
+    v_buf = kv_ops.b.index(WG)
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
+    st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
+    q_buf, do_buf = qdo.wait(it)
+    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    lse2, delta = stats.read(it, q_cols)
+    st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+    pt = gl.exp2(st * grads.qk_scale - gl.expand_dims(lse2, 0))
+    if MASKED:
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=q_cols)
+        key_sees = in_window(gl.expand_dims(offs_n, 1), gl.expand_dims(offs_m, 0), tile.kv_len, tile.q_len,
+                             batch.RIGHT, batch.LEFT) & gl.expand_dims(offs_n < tile.kv_len, 1)
+        pt = gl.where(gl.expand_dims(offs_m < tile.q_len, 0) & key_sees, pt, 0.0)
+    ds_buf = stage.ds_buffer(it, WG)
+    stage.claim_ds(it)
+    ds_buf.store(pt.to(dtype))
+    fence_async_shared()
+    dv = warpgroup_mma(ds_buf, do_buf, dv, is_async=True)
+    dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
+    dv = done[0]
+    ds_buf.store((pt * (done[1] - gl.expand_dims(delta, 0))).to(dtype))
+    fence_async_shared()
+    stage.publish_ds(it)
+    if stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
+        dq = _dq_chunk(it, WG, kv_ops, stage, BLOCK_M)
+        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
+        stage.free_ds(it)
+        stage.put(WG, it, dq * grads.scale)
+    else:  # one chunk: the consumers take the blocks in turn
+        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+        if it % 2 == WG:
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, 0, kv_ops, stage, BLOCK_M), ))
+            stage.put(WG, it // 2, dq * grads.scale)
+        stage.free_ds(it)
+    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
+    qdo.release(it)
+    return dk, dv
+
+
+@gluon.jit
+def _store_keys(base, stride_t, x, k0, kv_start, kv_len):
+    """Rows k0.. of a warpgroup's [64, D] result (dK or dV), those before kv_len, at base + (kv_start + row) *
+    stride_t, in 16-byte pieces: straight from the wgmma layout each store would write 4 bytes per thread (16 of
+    every row's bytes per warp instruction), which filled L2 with partial-sector writes where items are short."""
+    HEAD_DIM: gl.constexpr = x.shape[1]
+    VEC: gl.constexpr = 8  # 16-bit elements per 16 bytes
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (HEAD_DIM // VEC), HEAD_DIM // VEC], [4, 1], [1, 0])
+    x = gl.convert_layout(x, layout)
+    rows = k0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout)), 0)
+    gl.store(base + gl.expand_dims((kv_start + rows).to(gl.int64) * stride_t, 1) + cols, x,
+             mask=gl.expand_dims(rows < kv_len, 1))
+
+
+@gluon.jit
+def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, stats, stage):
     dtype: gl.constexpr = kv_ops.a.dtype
     HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
@@ -162,8 +254,7 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
-    acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    acc_cols: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    ONE_PASS: gl.constexpr = stage is not None
     k_buf = kv_ops.a.index(WG)
     v_buf = kv_ops.b.index(WG)
 
@@ -182,33 +273,37 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads):
             # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
             j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.q_len, tile.kv_len, batch.LEFT, batch.RIGHT,
                                            BLOCK_M, WG_ROWS)
+            if ONE_PASS:  # keys past the sequence's end reach dQ: their blocks take the mask
+                j_hi = gl.where(k0 + WG_ROWS > tile.kv_len, j_lo, j_hi)
             for g in range(shape.GROUP):
                 i_h = tile.head * shape.GROUP + g
                 for seg in gl.static_range(3):
                     begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
                     end_j = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
                     for j in range(begin, end_j):
-                        dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, qdo, grads, i_h, tile,
-                                             offs_n, batch, BLOCK_M, seg != 1, shape.SERIAL)
+                        if ONE_PASS:
+                            dk, dv = _one_pass_block(tile.lo + j * BLOCK_M, it, dk, dv, kv_ops, qdo, stats, stage,
+                                                     grads, tile, offs_n, batch, WG, BLOCK_M, seg != 1)
+                        else:
+                            dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, qdo, grads, i_h,
+                                                 tile, offs_n, batch, BLOCK_M, seg != 1, shape.SERIAL)
                         it += 1
             kv_ops.release()  # K/V read for the last time: the producer may load the next item's
             t += 1
-            rows = k0 + gl.arange(0, WG_ROWS, layout=acc_rows)
-            cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=acc_cols), 0)
-            keep = gl.expand_dims(rows < tile.kv_len, 1)
-            row_off = gl.expand_dims((tile.kv_start + rows).to(gl.int64), 1)
-            gl.store(grads.DK + row_off * grads.stride_dkt + tile.head * grads.stride_dkh + cols,
-                     (dk * grads.scale).to(dtype), mask=keep)
-            gl.store(grads.DV + row_off * grads.stride_dvt + tile.head * grads.stride_dvh + cols, dv.to(dtype),
-                     mask=keep)
+            _store_keys(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
+                        tile.kv_start, tile.kv_len)
+            _store_keys(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
+                        tile.kv_len)
 
 
 @gluon.jit
-def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, LSE, DELTA, q_offsets, kv_offsets, tiles, order,
-                       sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, tile_capacity, heads_kv,
-                       scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
-                       STAGES: gl.constexpr, SERIAL: gl.constexpr, BROADCAST: gl.constexpr,
-                       num_warps: gl.constexpr):
+def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, LSE, DELTA, q_offsets, kv_offsets, tiles,
+                       order, sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
+                       tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
+                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, SERIAL: gl.constexpr,
+                       BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, num_warps: gl.constexpr):
+    """ONE_PASS: dQ too, through the writer warp into dq_desc's float32 accumulator (else dq_desc is unused), and
+    the rows' LSE and Delta through shared memory (RowStats)."""
     shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, SERIAL, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads_kv)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
@@ -216,40 +311,55 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, LSE, DELTA, q_of
                              qk_scale)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
-    gl.warp_specialize([
-        (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads)),
-        (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads)),
-        (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo)),
-    ], [4, 1], [240, 24])
+    if ONE_PASS:
+        stats = RowStats.alloc(BLOCK_M, STAGES)
+        stage = DqStage.alloc(k_desc.dtype, dq_desc, k_desc.block_shape[1], 2, DQ_STAGES)
+        gl.warp_specialize([
+            (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads, stats, stage)),
+            (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads, stats, stage)),
+            (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)),
+            (dq_writer_partition, (shape, work, batch, dq_desc, stage)),
+        ], [4, 1, 1], [240, 24, 24])
+    else:
+        gl.warp_specialize([
+            (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads, None, None)),
+            (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads, None, None)),
+            (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, None)),
+        ], [4, 1], [240, 24])
 
 
-def descriptors(q, dout, k, v, cfg: DkdvConfig):
-    """TMA descriptors: q and dO in block_m-row boxes, k and v in WG_ROWS-row boxes (one per consumer)."""
+def descriptors(q, dout, k, v, cfg: DkdvConfig, dq=None):
+    """TMA descriptors: q and dO in block_m-row boxes, k and v in WG_ROWS-row boxes (one per consumer); one-pass:
+    the float32 dQ accumulator in [block_m, DQ_COLS] boxes (else k's stands in, unused)."""
     rows = WG_ROWS.value
-    return (tma_descriptor(q, cfg.block_m), tma_descriptor(dout, cfg.block_m), tma_descriptor(k, rows),
-            tma_descriptor(v, rows))
+    k_desc = tma_descriptor(k, rows)
+    dq_desc = tma_descriptor(dq, cfg.block_m, DQ_COLS.value) if cfg.one_pass else k_desc
+    return (tma_descriptor(q, cfg.block_m), tma_descriptor(dout, cfg.block_m), k_desc, tma_descriptor(v, rows),
+            dq_desc)
 
 
-def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv):
-    """The dK/dV pass into dk, dv (k has rows; D 64/128; bf16/fp16)."""
-    cfg = select_dkdv(q.shape[2])
+def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv, dq=None):
+    """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and with dq (float32, zeroed) dQ added into it in
+    the same pass: rows as dout's, or in broadcast mode one slab of Lq rows per CTA (num_sms of them)."""
+    cfg = select_dkdv(q.shape[2], one_pass=dq is not None)
     sms = num_sms(q.device)
     dq_rows = dout.shape[0]  # the query side's rows (B * Lq in broadcast mode)
     spec = key_tile_schedule(k.shape[0], k.shape[1], cfg, left, right, sms)
     sched = CACHE.get(kv_offsets, q_offsets, spec, dq_rows)
     q, dout, k, v = aligned(q, dout, k, v)
     hopper_dkdv_kernel[(sms, )](
-        *descriptors(q, dout, k, v, cfg), dk, dv, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order,
-        sched.sm_start, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
+        *descriptors(q, dout, k, v, cfg, dq), dk, dv, lse, delta, q_offsets, kv_offsets, sched.tiles,
+        sched.order, sched.sm_start, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
         sched.tiles.shape[1], k.shape[1], scale, scale * math.log2(math.e), left, right,
-        GROUP=q.shape[1] // k.shape[1], BLOCK_M=cfg.block_m, STAGES=cfg.stages, SERIAL=cfg.serial,
-        BROADCAST=broadcast, num_warps=4)
+        GROUP=q.shape[1] // k.shape[1], BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages,
+        SERIAL=cfg.serial, BROADCAST=broadcast, ONE_PASS=cfg.one_pass, num_warps=4)
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
              deterministic=False):
-    """-> (dq, dk, dv) as jfa.triton.launch.backward: Delta, the dK/dV pass, the dQ pass (jfa.hopper.bwd_dq),
-    and in broadcast mode the sum of dQ's per-sequence partials. Deterministic whatever `deterministic` says."""
+    """-> (dq, dk, dv) as jfa.triton.launch.backward: Delta, then one pass for dK, dV and dQ (dQ reduce-added
+    into float32, in broadcast mode per-sequence partials summed afterwards), or with `deterministic` the
+    dK/dV pass and the dQ pass (jfa.hopper.bwd_dq), no atomics: the same bits run to run."""
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -259,10 +369,18 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     delta = bwd_delta(out, dout, dlse, lse)
     args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
-    dq = torch.empty(rows, q.shape[1], q.shape[2], device=q.device, dtype=torch.float32 if broadcast else q.dtype)
+    one_pass = not deterministic and rows > 0 and k.shape[0] > 0
+    if one_pass and broadcast:  # one slab of Lq rows per CTA, summed afterwards
+        batch = num_sms(q.device)
+        rows = batch * q.shape[0]
+    dq_dtype = torch.float32 if broadcast or one_pass else q.dtype
+    dq = torch.zeros(rows, q.shape[1], q.shape[2], device=q.device, dtype=dq_dtype)
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query saw nothing
-        return sum_broadcast_dq(dq.zero_(), q, batch, broadcast), dk, dv
-    dkdv(*args, dk, dv)
-    if rows > 0:
-        dq_pass(*args, dq)
+        return sum_broadcast_dq(dq, q, batch, broadcast), dk, dv
+    if one_pass:
+        dkdv(*args, dk, dv, dq)
+    else:
+        dkdv(*args, dk, dv)
+        if rows > 0:
+            dq_pass(*args, dq)
     return sum_broadcast_dq(dq, q, batch, broadcast), dk, dv

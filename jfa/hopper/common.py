@@ -6,6 +6,7 @@ partitions are written with.
   WorkList       this CTA's items of a jfa.schedule; ``item(idx)`` -> Item
   Item           one work item: a tile of one sequence and head, and the range of the other side it sees
   Ring           a STAGES-deep ring of two operands' blocks streamed by the producer (K and V, or Q and dO)
+  RowStats       beside a Ring's blocks, their rows' statistics (the backward's LSE and Delta)
   ItemOperands   operands loaded once per item, one block per consumer warpgroup (Q; K and V; Q and dO)
 
 The barrier protocol is the same everywhere: a ready barrier (count 1) completes when the producer's TMA bytes
@@ -25,12 +26,13 @@ from triton.language.core import _aggregate as aggregate  # Gluon 3.6's aggregat
 
 from ..geometry import key_range, query_range, sequence_bounds
 
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 WG_ROWS = gl.constexpr(64)  # rows of a consumer warpgroup's tile (one wgmma m64 instruction tall)
 
 
-def tma_descriptor(x: torch.Tensor, block_rows: int):
-    """A Gluon TMA descriptor over x [rows, H, D] viewed as [rows, H*D], in [block_rows, D] boxes (one head).
+def tma_descriptor(x: torch.Tensor, block_rows: int, block_cols: int = 0):
+    """A Gluon TMA descriptor over x [rows, H, D] viewed as [rows, H*D], in [block_rows, D] boxes (one head), or
+    [block_rows, block_cols] boxes.
 
     A box that runs past a sequence reads the next sequence's rows (the kernels mask them); past the tensor's
     end TMA fills zeros. Needs a 16-byte aligned base (see aligned) and rows whose H*D elements are contiguous
@@ -39,8 +41,9 @@ def tma_descriptor(x: torch.Tensor, block_rows: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     d = x.shape[2]
     x2 = x.reshape(x.shape[0], x.shape[1] * d)
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPES[x.dtype])
-    return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_rows, d], layout)
+    box = [block_rows, block_cols or d]
+    layout = gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPES[x.dtype])
+    return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), box, layout)
 
 
 def aligned(*tensors):
@@ -200,8 +203,18 @@ class Ring:
     @gluon.jit
     def fill(self, it, a_desc, a_coord, b_desc, b_coord):
         """Producer: wait until block `it`'s slot is free, then TMA-load both operands into it."""
+        self.claim(it)
+        self.issue(it, a_desc, a_coord, b_desc, b_coord)
+
+    @gluon.jit
+    def claim(self, it):
+        """Producer: wait until block `it`'s slot is free."""
+        mbarrier.wait(self.empty.index(it % self.STAGES), ((it // self.STAGES) & 1) ^ 1)
+
+    @gluon.jit
+    def issue(self, it, a_desc, a_coord, b_desc, b_coord):
+        """Producer (after claim): arm the ready barrier(s) and TMA-load both operands into block `it`'s slot."""
         slot = it % self.STAGES
-        mbarrier.wait(self.empty.index(slot), ((it // self.STAGES) & 1) ^ 1)
         if self.SPLIT:
             mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
             mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
@@ -236,6 +249,46 @@ class Ring:
     def release(self, it):
         """Consumer: done reading block `it`'s slot (after the MMAs that read it completed)."""
         mbarrier.arrive(self.empty.index(it % self.STAGES), count=1)
+
+
+@aggregate
+class RowStats:
+    """Beside each block of a Ring, its rows' statistics (the backward's log2-scaled LSE and Delta, BLOCK_M
+    float32 each): the producer loads them and stores them to shared memory before it arms the slot's ready
+    barrier (whose arrival releases the stores), so the consumers read shared memory instead of waiting on global
+    loads in the middle of the block. (A TMA load of a [2, 64] float32 box faulted as an illegal instruction on the
+    H200 with triton 3.6.)"""
+    buf: gl.shared_memory_descriptor  # [STAGES * 2, BLOCK_M]
+    STAGES: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, buf, STAGES):
+        self.buf = buf
+        self.STAGES = gl.constexpr(STAGES)
+
+    @gluon.jit
+    def alloc(BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+        plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        return RowStats(gl.allocate_shared_memory(gl.float32, [STAGES * 2, BLOCK_M], plain), STAGES)
+
+    @gluon.jit
+    def put(self, it, LSE, DELTA, row0, rows):
+        """Producer (1 warp), between ring.claim(it) and ring.issue(it): rows [row0, row0 + BLOCK_M) of LSE
+        (times log2 e) and DELTA, zero past `rows`."""
+        BLOCK_M: gl.constexpr = self.buf.shape[1]
+        layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+        offs = row0 + gl.arange(0, BLOCK_M, layout=layout)
+        lse = gl.load(LSE + offs, mask=offs < rows, other=0.0)
+        delta = gl.load(DELTA + offs, mask=offs < rows, other=0.0)
+        slot = it % self.STAGES
+        self.buf.index(2 * slot).store(lse * 1.4426950408889634)
+        self.buf.index(2 * slot + 1).store(delta)
+
+    @gluon.jit
+    def read(self, it, layout: gl.constexpr):
+        """Consumer (after the ring's wait): block `it`'s (log2 e * LSE, Delta) in `layout`."""
+        slot = it % self.STAGES
+        return self.buf.index(2 * slot).load(layout), self.buf.index(2 * slot + 1).load(layout)
 
 
 @aggregate

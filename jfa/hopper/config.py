@@ -45,13 +45,19 @@ class DkdvConfig:
     serial: bool = False  # S^T, dV, dP^T, dK one after another (fewer live registers), else S^T and dP^T together
     stages: int = 3  # (Q, dO) ring depth
     block_n: int = 2 * WG  # keys per item: one WG block per consumer
+    one_pass: bool = False  # dQ too, by TMA reduce-add from a writer warp (jfa.hopper.dq_reduce)
+    dq_stages: int = 1  # one-pass: float32 dQ chunks in flight per consumer
 
 
-def select_dkdv(head_dim: int) -> DkdvConfig:
-    """Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
+def select_dkdv(head_dim: int, one_pass: bool = False) -> DkdvConfig:
+    """one_pass (the default backward; jfa.hopper.bwd): 1.00-1.15x the two passes on the suite (session 7).
+    Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
     test per block, session 5). D=128: serial, which spills (400 B now) and still beat 32-row blocks by 8-17%
     (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items
     (0.98-1.01x) (session 5)."""
+    if one_pass:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16 KB
+        # + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
+        return DkdvConfig(one_pass=True, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1)
     return DkdvConfig(serial=head_dim > 64)
 
 

@@ -1,0 +1,159 @@
+"""The one-pass backward's dQ path (jfa.hopper.bwd): each consumer warpgroup's dQ = dS K for its keys goes
+through shared memory to a 1-warp writer partition that adds it into a float32 dQ accumulator with TMA
+reduce-adds (cp.reduce.async.bulk.tensor ... .add), so the MMA warpgroups never wait on global memory.
+
+  DqStage    per consumer: dS^T (bf16/fp16, the operand of the dK and dQ MMAs) and a STAGES-deep ring of float32
+             [BLOCK_M, DQ_COLS] dQ chunks with full/empty barriers (count 1 each: one consumer, one writer)
+  writer     1 warp: walks the same items and (Q, dO) blocks as the producer; per block and chunk, for both
+             consumers in turn: wait full, reduce-add the chunk at (q_start + m0, head * D + chunk), wait until
+             the TMA has read the shared memory, arrive empty.
+
+Rows past a sequence's end: the consumers zero dS for queries past it and keys past it (masked blocks), so the
+chunk's tail rows add zeros into the next sequence's rows; TMA clips rows past the tensor's end.
+"""
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from .common import WG_ROWS, aggregate
+
+DQ_COLS = gl.constexpr(64)
+PENDING = gl.constexpr(1)  # dQ columns per chunk: a [64, 64] float32 tile is 16 KB of shared memory
+
+
+@builtin
+def async_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """TMA reduce-add of the shared-memory tile `src` into the global box of `tensor_desc` at `coord` (Gluon 3.6
+    exposes the builder's op but no wrapper). Completes like a TMA store: fence_async_shared() after the
+    shared-memory writes, tma.store_wait(n) before reusing `src`."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@aggregate
+class DqStage:
+    ds: gl.shared_memory_descriptor  # [2, CONSUMERS, WG_ROWS, BLOCK_M]: P^T then dS^T per block, keys as rows
+    ds_full: gl.shared_memory_descriptor  # [2]: both consumers' dS^T of a block are in shared memory
+    ds_free: gl.shared_memory_descriptor  # [2]: both consumers are done reading a block's dS^T for dQ
+    dq: gl.shared_memory_descriptor  # [CONSUMERS * STAGES, BLOCK_M, DQ_COLS] float32
+    full: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    STAGES: gl.constexpr
+    CHUNKS: gl.constexpr  # chunks per (Q, dO) block: HEAD_DIM // DQ_COLS
+
+    @constexpr_function
+    def __init__(self, ds, ds_full, ds_free, dq, full, empty, STAGES, CHUNKS):
+        self.ds = ds
+        self.ds_full = ds_full
+        self.ds_free = ds_free
+        self.dq = dq
+        self.full = full
+        self.empty = empty
+        self.STAGES = gl.constexpr(STAGES)
+        self.CHUNKS = gl.constexpr(CHUNKS)
+
+    @gluon.jit
+    def alloc(dtype: gl.constexpr, dq_desc, HEAD_DIM: gl.constexpr, CONSUMERS: gl.constexpr,
+              STAGES: gl.constexpr):
+        BLOCK_M: gl.constexpr = dq_desc.block_shape[0]
+        # rows of BLOCK_M = 64 16-bit elements: 128 bytes, the 128-byte swizzle
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        ds = gl.allocate_shared_memory(dtype, [2 * CONSUMERS, WG_ROWS, BLOCK_M], ds_layout)
+        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        dq = gl.allocate_shared_memory(gl.float32, [CONSUMERS * STAGES] + dq_desc.block_shape, dq_desc.layout)
+        full = gl.allocate_shared_memory(gl.int64, [CONSUMERS * STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ds_full.index(i), count=CONSUMERS)
+            mbarrier.init(ds_free.index(i), count=CONSUMERS)
+        for i in gl.static_range(CONSUMERS * STAGES):
+            mbarrier.init(full.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        return DqStage(ds, ds_full, ds_free, dq, full, empty, STAGES, HEAD_DIM // DQ_COLS)
+
+    @gluon.jit
+    def owner(self, it, c: gl.constexpr):
+        """(w, n): chunk c of block it is consumer w's n-th. Two chunks (D=128): consumer c computes chunk c of
+        every block; one chunk (D=64): the consumers take the blocks in turn."""
+        if self.CHUNKS == 2:
+            return c, it
+        else:
+            return it % 2, it // 2
+
+    @gluon.jit
+    def ds_buffer(self, it, w: gl.constexpr):
+        """Consumer w's P^T / dS^T buffer for block it (double-buffered: a block's dS^T may still be read for
+        dQ by the other consumer while this one starts the next block)."""
+        return self.ds.index((it % 2) * 2 + w)
+
+    @gluon.jit
+    def claim_ds(self, it):
+        """Consumer: wait until both consumers have finished reading block it - 2's dS^T."""
+        mbarrier.wait(self.ds_free.index(it % 2), ((it // 2) & 1) ^ 1)
+
+    @gluon.jit
+    def publish_ds(self, it):
+        mbarrier.arrive(self.ds_full.index(it % 2), count=1)
+
+    @gluon.jit
+    def wait_ds(self, it):
+        """Consumer: both consumers' dS^T of block it are in shared memory."""
+        mbarrier.wait(self.ds_full.index(it % 2), (it // 2) & 1)
+
+    @gluon.jit
+    def free_ds(self, it):
+        mbarrier.arrive(self.ds_free.index(it % 2), count=1)
+
+    @gluon.jit
+    def put(self, w: gl.constexpr, n, chunk):
+        """Consumer w: its n-th dQ chunk (float32 registers) into its ring, for the writer."""
+        slot = w * self.STAGES + n % self.STAGES
+        mbarrier.wait(self.empty.index(slot), ((n // self.STAGES) & 1) ^ 1)
+        self.dq.index(slot).store(chunk)
+        fence_async_shared()
+        mbarrier.arrive(self.full.index(slot), count=1)
+
+    @gluon.jit
+    def drain(self, w, n, dq_desc, coord, prev):
+        """Writer: consumer w's n-th chunk, reduce-added at coord. The previous chunk's slot (`prev`, -1 for
+        none) is handed back once the TMA has read it, so one reduce is in flight while the next is waited for.
+        -> this chunk's slot."""
+        slot = w * self.STAGES + n % self.STAGES
+        mbarrier.wait(self.full.index(slot), (n // self.STAGES) & 1)
+        async_reduce_add(dq_desc, coord, self.dq.index(slot))
+        if PENDING:
+            tma.store_wait(1)
+            if prev >= 0:
+                mbarrier.arrive(self.empty.index(prev), count=1)
+        else:
+            tma.store_wait(0)
+            mbarrier.arrive(self.empty.index(slot), count=1)
+        return slot
+
+
+@gluon.jit
+def dq_writer_partition(shape, work, batch, dq_desc, stage):
+    """The writer warp: the (Q, dO) blocks of every item in the producer's order, each block's chunks in order
+    (from their owners)."""
+    CHUNKS: gl.constexpr = stage.CHUNKS
+    HEAD_DIM: gl.constexpr = CHUNKS * DQ_COLS
+    it = 0  # (Q, dO) blocks so far
+    prev = -1
+    first, end = work.bounds()
+    for idx in range(first, end):
+        tile = work.item(idx, batch, shape.BLOCK_N, shape.BLOCK_M, True)
+        if tile.valid:
+            for g in range(shape.GROUP):
+                col = (tile.head * shape.GROUP + g) * HEAD_DIM
+                for m0 in range(tile.lo, tile.hi, shape.BLOCK_M):
+                    # broadcast q: this CTA's slab of Lq rows (the slabs are summed afterwards)
+                    row = gl.program_id(0) * tile.q_len + m0 if shape.BROADCAST else tile.q_start + m0
+                    for c in gl.static_range(CHUNKS):
+                        w, n = stage.owner(it, c)
+                        prev = stage.drain(w, n, dq_desc, [row, col + c * DQ_COLS], prev)
+                    it += 1
+    tma.store_wait(0)
