@@ -51,7 +51,7 @@ def parts(inp):
             "one pass": (lambda: bwd.dkdv(*bargs, dk, dv, dq32), 1, "bwd"),
             "dkdv": (lambda: bwd.dkdv(*bargs, dk, dv), 4 / 5, "bwd"),
             "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd"),
-            "backward": (lambda: hopper.backward(*hargs), 1, "bwd"),
+            "backward (default)": (lambda: hopper.backward(*hargs), 1, "bwd"),
             "backward (deterministic)": (lambda: hopper.backward(*hargs, deterministic=True), 1, "bwd")}
 
 

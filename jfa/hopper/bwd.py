@@ -34,7 +34,7 @@ from ..schedule import CACHE
 from ..triton.launch import bwd_delta, sum_broadcast_dq
 from .bwd_dq import dq_pass
 from .common import WG_ROWS, Batch, ItemOperands, Ring, RowStats, Shape, WorkList, aggregate, aligned, tma_descriptor
-from .config import DkdvConfig, key_tile_schedule, select_dkdv
+from .config import DkdvConfig, key_tile_schedule, one_pass_backward, select_dkdv
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -358,8 +358,9 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
              deterministic=False):
     """-> (dq, dk, dv) as jfa.triton.launch.backward: Delta, then one pass for dK, dV and dQ (dQ reduce-added
-    into float32, in broadcast mode per-sequence partials summed afterwards), or with `deterministic` the
-    dK/dV pass and the dQ pass (jfa.hopper.bwd_dq), no atomics: the same bits run to run."""
+    into float32; in broadcast mode one slab per CTA, summed afterwards) where jfa.hopper.config.one_pass_backward
+    says so, else (and always with `deterministic`) the dK/dV pass and the dQ pass (jfa.hopper.bwd_dq), no
+    atomics: the same bits run to run."""
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -369,7 +370,7 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     delta = bwd_delta(out, dout, dlse, lse)
     args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
-    one_pass = not deterministic and rows > 0 and k.shape[0] > 0
+    one_pass = not deterministic and rows > 0 and k.shape[0] > 0 and one_pass_backward(q.shape[2], broadcast)
     if one_pass and broadcast:  # one slab of Lq rows per CTA, summed afterwards
         batch = num_sms(q.device)
         rows = batch * q.shape[0]

@@ -255,7 +255,8 @@ class Ring:
 class RowStats:
     """Beside each block of a Ring, its rows' statistics (the backward's log2-scaled LSE and Delta, BLOCK_M
     float32 each): the producer loads them and stores them to shared memory before it arms the slot's ready
-    barrier (whose arrival releases the stores), so the consumers read shared memory instead of waiting on global
+    barrier (whose arrival releases the stores; the consumers' release of the slot orders their reads before
+    the next round's stores), so the consumers read shared memory instead of waiting on global
     loads in the middle of the block. (A TMA load of a [2, 64] float32 box faulted as an illegal instruction on the
     H200 with triton 3.6.)"""
     buf: gl.shared_memory_descriptor  # [STAGES * 2, BLOCK_M]
@@ -283,6 +284,8 @@ class RowStats:
         slot = it % self.STAGES
         self.buf.index(2 * slot).store(lse * 1.4426950408889634)
         self.buf.index(2 * slot + 1).store(delta)
+        # every lane's stores before the one elected lane's arrive on the ready barrier (which releases them)
+        gl.thread_barrier()
 
     @gluon.jit
     def read(self, it, layout: gl.constexpr):

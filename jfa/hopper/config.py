@@ -50,7 +50,7 @@ class DkdvConfig:
 
 
 def select_dkdv(head_dim: int, one_pass: bool = False) -> DkdvConfig:
-    """one_pass (the default backward; jfa.hopper.bwd): 1.00-1.15x the two passes on the suite (session 7).
+    """one_pass: the kernel also computes dQ (jfa.hopper.bwd; where: one_pass_backward).
     Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
     test per block, session 5). D=128: serial, which spills (400 B now) and still beat 32-row blocks by 8-17%
     (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items
@@ -59,6 +59,14 @@ def select_dkdv(head_dim: int, one_pass: bool = False) -> DkdvConfig:
         # + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
         return DkdvConfig(one_pass=True, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1)
     return DkdvConfig(serial=head_dim > 64)
+
+
+def one_pass_backward(head_dim: int, broadcast: bool) -> bool:
+    """Whether the (non-deterministic) backward runs as one pass (dQ by TMA reduce-add) rather than the dK/dV and
+    dQ passes. Broadcast q at D=128 stays two passes: its one pass adds Lq x D float32 per key tile into dQ
+    (pma-256: 6.51 vs 5.81 ms, pma-64: 2.43 vs 2.37 ms); everywhere else one pass measured 0.96-1.18x (session
+    7, docs/perf-notes.md)."""
+    return not (broadcast and head_dim > 64)
 
 
 @dataclass(frozen=True)
