@@ -20,8 +20,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .common import WG_ROWS, aggregate
 
-DQ_COLS = gl.constexpr(64)
-PENDING = gl.constexpr(1)  # dQ columns per chunk: a [64, 64] float32 tile is 16 KB of shared memory
+DQ_COLS = gl.constexpr(64)  # dQ columns per chunk: a [64, 64] float32 tile is 16 KB of shared memory
 
 
 @builtin
@@ -125,13 +124,9 @@ class DqStage:
         slot = w * self.STAGES + n % self.STAGES
         mbarrier.wait(self.full.index(slot), (n // self.STAGES) & 1)
         async_reduce_add(dq_desc, coord, self.dq.index(slot))
-        if PENDING:
-            tma.store_wait(1)
-            if prev >= 0:
-                mbarrier.arrive(self.empty.index(prev), count=1)
-        else:
-            tma.store_wait(0)
-            mbarrier.arrive(self.empty.index(slot), count=1)
+        tma.store_wait(1)  # (waiting for 0 here measured the same: perf-notes, session 7)
+        if prev >= 0:
+            mbarrier.arrive(self.empty.index(prev), count=1)
         return slot
 
 
