@@ -24,8 +24,10 @@ def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options)
     types = dict(types, **{arg: "*i32" for arg in _SCHEDULE})
     sig = {arg: "constexpr" if arg in constexprs else mangle_type(descs[arg]) if arg in descs
            else types.get(arg, "i32") for arg in kernel.arg_names}
-    # as a launch specializes them: pointers 16-byte aligned, row and head strides multiples of 16 elements
-    aligned = [i for i, arg in enumerate(kernel.arg_names) if sig[arg].startswith("*") or arg.startswith("stride_")]
+    # as a launch specializes them: pointers 16-byte aligned, q/k/v/o-shaped row and head strides multiples of 16
+    # elements (not LSE's head stride, which is the row count)
+    aligned = [i for i, arg in enumerate(kernel.arg_names)
+               if sig[arg].startswith("*") or (arg.startswith("stride_") and arg != "stride_lh")]
     attrs = {(i, ): [["tt.divisibility", 16]] for i in aligned}
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options)).asm
