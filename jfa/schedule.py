@@ -3,9 +3,15 @@ and kept on the device.
 
 A work item is (tile, head): a tile of ``block_m`` rows of one sequence (query rows, or key rows for the
 backward's dK/dV pass, which builds its schedule with the two sides swapped), times one of ``heads``. Its cost is
-the number of ``block_n`` blocks of the other side it visits (jfa.geometry.key_range). Items are ordered
-heaviest first and dealt to the CTAs in a zigzag (round r deals CTA 0..S-1 when r is even, S-1..0 when odd),
-the scheme of Meta's TLX jagged kernel. CTA s runs ``order[sm_start[s]:sm_start[s + 1]]``; -1 marks the
+the number of ``block_n`` blocks of the other side it visits (jfa.geometry.key_range). Items are dealt to the
+CTAs in a zigzag (round r deals CTA 0..S-1 when r is even, S-1..0 when odd), the scheme of Meta's TLX jagged
+kernel, in this order: tiles ranked by their sequence's heaviest tile (heaviest first, a sequence's tiles
+together), cut into windows of WINDOW_ROUNDS rounds, heaviest first inside each window (costs in CLASSES classes);
+each window's complete rounds turned by ROTATE CTAs from the last (every window ends with its lightest items, which
+would otherwise land on the same CTAs every time: window-256 1.07).
+Ranked by each tile's own cost alone (as before), a causal batch's concurrent tiles came from ~100 sequences and
+the forward read K/V from DRAM (causal-skewed-4k: DRAM 79% busy); ranked by sequence alone, the CTA loads were
+uneven (max/mean 1.18). Windows of two rounds: 1.02, with a working set of ~22 MB (docs/perf-notes.md). CTA s runs ``order[sm_start[s]:sm_start[s + 1]]``; -1 marks the
 tile table's spare capacity (sized from shapes alone: ``rows // block_m + B`` tiles).
 
 Reuse is safe whatever wrote the offsets. A schedule remembers the offsets it was built from (a copy on the
@@ -48,7 +54,18 @@ class Schedule:
     sm_start: torch.Tensor  # int32 [ctas + 1]: CTA s owns order[sm_start[s]:sm_start[s + 1]]
     heads: int
     seen: torch.Tensor  # int64 [2 (B + 1)]: the q then kv offsets the schedule was built from
-    scratch: torch.Tensor  # int32: per-sequence tile ends [B], then two cost histograms [buckets] each
+    scratch: torch.Tensor  # int32: per-sequence tile ends and keys [B] each, two histograms [buckets] each, the first
+    # ranks [capacity], two window histograms [windows * CLASSES] each (_scratch_size)
+
+
+WINDOW_ROUNDS = 2  # rounds of the deal per window
+CLASSES = 32  # cost classes inside a window
+ROTATE = 37  # CTAs the deal turns by from one window to the next (complete rounds only)
+
+
+def window_tiles(spec: ScheduleSpec) -> int:
+    """Tiles per window (WINDOW_ROUNDS rounds of spec.ctas items)."""
+    return max(1, WINDOW_ROUNDS * spec.ctas // spec.heads)
 
 
 def capacity(spec: ScheduleSpec, batch: int) -> int:
@@ -115,23 +132,34 @@ def _tile_of(idx, tile_ends, batch, SEARCH_STEPS: tl.constexpr):
 
 @triton.jit
 def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order, sm_start, batch, capacity,
-                   heads, ctas, buckets, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   heads, ctas, buckets, window, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CLASSES: tl.constexpr, WINDOW_ROUNDS: tl.constexpr, ROTATE: tl.constexpr,
                    SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr):
     """One CTA: if the offsets changed since the last build, rebuild the schedule (see module doc).
 
-    The deal is a counting sort: cost bucket of a tile = cost + 1 (0 for spare capacity), a histogram, its
-    suffix sums (heavier buckets first), then each tile takes the next rank of its bucket. The order among
-    tiles of equal cost may differ run to run (atomics); every item is still computed by exactly one CTA."""
+    Two counting sorts. The first: a tile's key is its sequence's heaviest tile cost (atomic max), its bucket key + 1
+    (0 for spare capacity), a histogram, its suffix sums (heavier buckets first), then each tile takes the next rank
+    of its bucket. The second: bucket (rank // window) * CLASSES + lighter classes later, likewise. The order among
+    tiles of equal bucket may differ run to run (atomics); every item is still computed by exactly one CTA."""
     if _offsets_changed(q_offsets, kv_offsets, seen, batch, BLOCK):
         tile_ends = scratch
-        hist = scratch + batch
+        seq_key = tile_ends + batch
+        hist = seq_key + batch
         cursor = hist + buckets
+        rank1 = cursor + buckets
+        nwin = (capacity + window - 1) // window
+        windows = nwin * (CLASSES + 1)
+        hist2 = rank1 + capacity
+        cursor2 = hist2 + windows
+        top = cursor2 + windows  # the heaviest tile cost of all
+        full_rounds = capacity * heads // ctas  # complete rounds of the deal
         _record_offsets(q_offsets, kv_offsets, seen, tile_ends, batch, BLOCK_M, BLOCK)
-        for i in range(0, buckets, BLOCK):
-            o = i + tl.arange(0, BLOCK)
-            tl.store(hist + o, 0, mask=o < buckets)
+        _fill(hist, buckets, BLOCK)
+        _fill(hist2, windows, BLOCK)
+        _fill(seq_key, batch, BLOCK)
+        _fill(top, 1, BLOCK)
         tl.debug_barrier()
-        for t0 in range(0, capacity, BLOCK):  # the tile table and each tile's cost
+        for t0 in range(0, capacity, BLOCK):  # the tile table, each tile's cost, each sequence's heaviest
             idx = t0 + tl.arange(0, BLOCK)
             keep = idx < capacity
             seq = _tile_of(idx, tile_ends, batch, SEARCH_STEPS)
@@ -144,32 +172,86 @@ def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order
             tl.store(tiles + idx, tl.where(valid, seq, -1), mask=keep)
             tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
             tl.store(tile_cost + idx, cost, mask=keep)
-            tl.atomic_add(hist + tl.minimum(cost + 1, buckets - 1), 1, mask=keep)
+            tl.atomic_max(seq_key + seq, cost, mask=keep & valid)
+            tl.atomic_max(top + idx * 0, cost, mask=keep & valid)
         tl.debug_barrier()
-        carry = 0
-        for i in range(0, buckets, BLOCK):  # cursor[b] = tiles in buckets above b (heaviest first)
-            o = buckets - BLOCK - i + tl.arange(0, BLOCK)
-            h = tl.load(hist + o, mask=o >= 0, other=0, cache_modifier=".cg")  # written by atomics in L2
-            tl.store(cursor + o, tl.cumsum(h, 0, reverse=True) - h + carry, mask=o >= 0)
-            carry += tl.sum(h, 0)
+        classes_over = tl.load(top, cache_modifier=".cg") + 1  # cost class = cost * CLASSES // classes_over
+        for t0 in range(0, capacity, BLOCK):  # the histogram of the sequence keys
+            idx = t0 + tl.arange(0, BLOCK)
+            keep = idx < capacity
+            tl.atomic_add(hist + _sequence_bucket(idx, tiles, seq_key, keep, buckets), 1, mask=keep)
         tl.debug_barrier()
-        for t0 in range(0, capacity, BLOCK):  # rank each tile, deal its items
+        _suffix_starts(hist, cursor, buckets, BLOCK)
+        tl.debug_barrier()
+        for t0 in range(0, capacity, BLOCK):  # first ranks; the histogram of (window, cost class)
+            idx = t0 + tl.arange(0, BLOCK)
+            keep = idx < capacity
+            rank = tl.atomic_add(cursor + _sequence_bucket(idx, tiles, seq_key, keep, buckets), 1, mask=keep)
+            tl.store(rank1 + idx, rank, mask=keep)
+            cost = tl.load(tile_cost + idx, mask=keep, other=-1)
+            tl.atomic_add(hist2 + _window_bucket(rank, cost, window, nwin, classes_over, CLASSES), 1, mask=keep)
+        tl.debug_barrier()
+        _suffix_starts(hist2, cursor2, windows, BLOCK)
+        tl.debug_barrier()
+        for t0 in range(0, capacity, BLOCK):  # final ranks, deal each tile's items
             idx = t0 + tl.arange(0, BLOCK)
             keep = idx < capacity
             cost = tl.load(tile_cost + idx, mask=keep, other=-1)
-            rank = tl.atomic_add(cursor + tl.minimum(cost + 1, buckets - 1), 1, mask=keep)
+            rank = tl.load(rank1 + idx, mask=keep, other=0)
+            rank = tl.atomic_add(cursor2 + _window_bucket(rank, cost, window, nwin, classes_over, CLASSES), 1, mask=keep)
             for h in range(0, heads):
                 r = rank * heads + h
                 rnd = r // ctas
                 sm = tl.where(rnd % 2 == 0, r % ctas, ctas - 1 - r % ctas)
+                sm = tl.where(rnd < full_rounds, (sm + (rnd // WINDOW_ROUNDS) * ROTATE) % ctas, sm)
                 slot = tl.load(sm_start + sm, mask=keep, other=0) + rnd
                 tl.store(order + slot, tl.where(cost >= 0, idx * heads + h, -1), mask=keep)
+
+
+@triton.jit
+def _fill(x, n, BLOCK: tl.constexpr):
+    for i in range(0, n, BLOCK):
+        o = i + tl.arange(0, BLOCK)
+        tl.store(x + o, 0, mask=o < n)
+
+
+@triton.jit
+def _suffix_starts(hist, cursor, n, BLOCK: tl.constexpr):
+    """cursor[b] = entries in buckets above b (the highest bucket first)."""
+    carry = 0
+    for i in range(0, n, BLOCK):
+        o = n - BLOCK - i + tl.arange(0, BLOCK)
+        h = tl.load(hist + o, mask=o >= 0, other=0, cache_modifier=".cg")  # written by atomics in L2
+        tl.store(cursor + o, tl.cumsum(h, 0, reverse=True) - h + carry, mask=o >= 0)
+        carry += tl.sum(h, 0)
+
+
+@triton.jit
+def _sequence_bucket(idx, tiles, seq_key, keep, buckets):
+    """First sort's bucket of tiles idx: their sequence's key + 1, or 0 for spare capacity."""
+    seq = tl.load(tiles + idx, mask=keep, other=-1)
+    key = tl.load(seq_key + tl.maximum(seq, 0), mask=keep & (seq >= 0), other=-1)
+    return tl.minimum(key + 1, buckets - 1)
+
+
+@triton.jit
+def _window_bucket(rank, cost, window, nwin, classes_over, CLASSES: tl.constexpr):
+    """Second sort's bucket of tiles of first rank `rank` (higher buckets first): earlier windows first, in a window
+    heavier cost classes first, spare capacity last."""
+    cls = tl.where(cost >= 0, 1 + (cost * CLASSES) // classes_over, 0)
+    return (nwin - 1 - rank // window) * (CLASSES + 1) + cls
 
 
 def _buckets(spec: ScheduleSpec, kv_rows: int) -> int:
     """Histogram size: every possible cost (at most the other side's rows in blocks, + 1 for the alignment of
     a range), + 1 for spare capacity."""
     return kv_rows // spec.block_n + 3
+
+
+def _scratch_size(spec: ScheduleSpec, batch: int, kv_rows: int) -> int:
+    """refresh_kernel's scratch (Schedule.scratch): int32 entries."""
+    cap = capacity(spec, batch)
+    return 2 * batch + 2 * _buckets(spec, kv_rows) + cap + 2 * (-(-cap // window_tiles(spec))) * (CLASSES + 1) + 1
 
 
 def allocate(spec: ScheduleSpec, batch: int, kv_rows: int, device) -> Schedule:
@@ -183,7 +265,7 @@ def allocate(spec: ScheduleSpec, batch: int, kv_rows: int, device) -> Schedule:
         sm_start=zigzag_sm_start(n, spec.ctas, device).to(torch.int32),
         heads=spec.heads,
         seen=torch.full((2 * (batch + 1),), -1, dtype=torch.int64, device=device),
-        scratch=torch.empty(batch + 2 * _buckets(spec, kv_rows), dtype=torch.int32, device=device))
+        scratch=torch.empty(_scratch_size(spec, batch, kv_rows), dtype=torch.int32, device=device))
 
 
 def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows: int) -> Schedule:
@@ -194,9 +276,9 @@ def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows:
     if batch > 0 and cap > 0:
         refresh_kernel[(1, )](
             q_offsets, kv_offsets, sched.seen, sched.scratch, sched.tiles, sched.tile_cost, sched.order,
-            sched.sm_start, batch, cap, spec.heads, spec.ctas, _buckets(spec, kv_rows), spec.left, spec.right,
-            BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, SEARCH_STEPS=batch.bit_length() + 1, BLOCK=1024,
-            num_warps=4)
+            sched.sm_start, batch, cap, spec.heads, spec.ctas, _buckets(spec, kv_rows), window_tiles(spec),
+            spec.left, spec.right, BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, CLASSES=CLASSES,
+            WINDOW_ROUNDS=WINDOW_ROUNDS, ROTATE=ROTATE, SEARCH_STEPS=batch.bit_length() + 1, BLOCK=1024, num_warps=4)
     elif cap > 0:  # no sequences: every slot is spare
         sched.tiles.fill_(-1)
         sched.order.fill_(-1)

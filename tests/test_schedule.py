@@ -1,5 +1,5 @@
 """The persistent kernels' tile schedule (jfa.schedule, its kernel run by Triton's interpreter here): the tile
-table, each tile's cost and the heaviest-first zigzag deal against a brute-force spec written from the
+table, each tile's cost and the zigzag deal (sequences together, heaviest first in windows) against a brute-force spec written from the
 visibility rule; the load balance on the suite's skewed workloads; and reuse that stays correct whatever
 rewrote the offsets in place (#16)."""
 import pytest
@@ -20,22 +20,38 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec):
     """Brute force: (tiles [(seq, tile)], cost per tile slot, per-CTA list of item costs in deal order).
 
     A tile of rows [m0, m0 + block_m) visits the key blocks from the first visible key, aligned down to
-    block_n, to the last visible key; items are ranked by cost, heaviest first (ties in id order), and the
-    item of rank r goes to CTA zigzag(r)."""
-    tiles, costs = [], []
+    block_n, to the last visible key. Tiles are ranked by their sequence's heaviest tile cost, heaviest first
+    (ties in id order: a sequence's tiles together), then cut into windows of window_tiles and ranked by window,
+    then by cost class (of the heaviest cost; spare capacity last), then by id; the item of rank r goes to
+    CTA zigzag(r), turned by ROTATE per window of complete rounds."""
+    tiles, costs, heaviest = [], [], []
     for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
+        first_tile = len(costs)
         mask = visible_mask(lq, lk, spec.left, spec.right)
         for t in range(-(-lq // spec.block_m)):
             keys = torch.nonzero(mask[t * spec.block_m:(t + 1) * spec.block_m].any(0)).flatten()
             first = int(keys.min()) // spec.block_n * spec.block_n if len(keys) else 0
             costs.append(-(-(int(keys.max()) + 1 - first) // spec.block_n) if len(keys) else 0)
             tiles.append((b, t))
+        heaviest += [max(costs[first_tile:], default=0)] * (len(costs) - first_tile)
     costs += [-1] * (schedule.capacity(spec, len(q_lens)) - len(costs))
-    items = [costs[i // spec.heads] for i in range(len(costs) * spec.heads)]
+    heaviest += [-1] * (len(costs) - len(heaviest))
+    first = sorted(range(len(costs)), key=lambda i: -heaviest[i])
+    top = max(costs) + 1
+    window = schedule.window_tiles(spec)
+
+    def cost_class(i):
+        return 1 + costs[i] * schedule.CLASSES // top if costs[i] >= 0 else 0
+
+    final = sorted(range(len(first)), key=lambda r: (r // window, -cost_class(first[r]), first[r]))
     per_cta = [[] for _ in range(spec.ctas)]
-    for r, i in enumerate(sorted(range(len(items)), key=lambda i: -items[i])):
+    full_rounds = len(costs) * spec.heads // spec.ctas
+    for r, i in enumerate(first[f] * spec.heads + h for f in final for h in range(spec.heads)):
         rnd, k = divmod(r, spec.ctas)
-        per_cta[k if rnd % 2 == 0 else spec.ctas - 1 - k].append(items[i])
+        cta = k if rnd % 2 == 0 else spec.ctas - 1 - k
+        if rnd < full_rounds:
+            cta = (cta + rnd // schedule.WINDOW_ROUNDS * schedule.ROTATE) % spec.ctas
+        per_cta[cta].append(costs[i // spec.heads])
     return tiles, costs, per_cta
 
 
