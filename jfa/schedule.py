@@ -11,8 +11,9 @@ each window's complete rounds turned by ROTATE CTAs from the last (every window 
 would otherwise land on the same CTAs every time: window-256 1.07).
 Ranked by each tile's own cost alone (as before), a causal batch's concurrent tiles came from ~100 sequences and
 the forward read K/V from DRAM (causal-skewed-4k: DRAM 79% busy); ranked by sequence alone, the CTA loads were
-uneven (max/mean 1.18). Windows of two rounds: 1.02, with a working set of ~22 MB (docs/perf-notes.md). CTA s runs ``order[sm_start[s]:sm_start[s + 1]]``; -1 marks the
-tile table's spare capacity (sized from shapes alone: ``rows // block_m + B`` tiles).
+uneven (max/mean 1.18). Windows of two rounds: 1.02, with a working set of ~22 MB (docs/perf-notes.md).
+CTA s runs ``order[sm_start[s]:sm_start[s + 1]]``; -1 marks the tile table's spare capacity (sized from shapes
+alone: ``rows // block_m + B`` tiles).
 
 Reuse is safe whatever wrote the offsets. A schedule remembers the offsets it was built from (a copy on the
 device), and every use starts with one small kernel (``refresh_kernel``, one CTA) that compares them with the
@@ -198,7 +199,8 @@ def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order
             keep = idx < capacity
             cost = tl.load(tile_cost + idx, mask=keep, other=-1)
             rank = tl.load(rank1 + idx, mask=keep, other=0)
-            rank = tl.atomic_add(cursor2 + _window_bucket(rank, cost, window, nwin, classes_over, CLASSES), 1, mask=keep)
+            bucket = _window_bucket(rank, cost, window, nwin, classes_over, CLASSES)
+            rank = tl.atomic_add(cursor2 + bucket, 1, mask=keep)
             for h in range(0, heads):
                 r = rank * heads + h
                 rnd = r // ctas

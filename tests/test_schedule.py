@@ -1,7 +1,7 @@
 """The persistent kernels' tile schedule (jfa.schedule, its kernel run by Triton's interpreter here): the tile
-table, each tile's cost and the zigzag deal (sequences together, heaviest first in windows) against a brute-force spec written from the
-visibility rule; the load balance on the suite's skewed workloads; and reuse that stays correct whatever
-rewrote the offsets in place (#16)."""
+table, each tile's cost and the zigzag deal (sequences together, heaviest first in windows) against a brute-force
+spec written from the visibility rule; the load balance on the suite's skewed workloads; and reuse that stays
+correct whatever rewrote the offsets in place (#16)."""
 import pytest
 import torch
 import triton
