@@ -66,9 +66,11 @@ from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd, producer_loop_
 rows = []
 for d in (64, 128):
     for broadcast in (False, True):
-        for r in (compile_fwd(d, torch.bfloat16, broadcast), compile_dkdv(d, torch.bfloat16, broadcast),
-                  compile_dq(d, torch.bfloat16, broadcast), compile_dkdv(d, torch.bfloat16, broadcast, True)):
-            rows.append(dict(kernel=r.kernel, d=d, broadcast=broadcast, wgmma=r.wgmma,
+        for r in (compile_fwd(d, torch.bfloat16, broadcast), compile_fwd(d, torch.bfloat16, broadcast, 64),
+                  compile_dkdv(d, torch.bfloat16, broadcast), compile_dq(d, torch.bfloat16, broadcast),
+                  compile_dkdv(d, torch.bfloat16, broadcast, True)):
+            rows.append(dict(kernel=r.kernel, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
+                             vec_stores=r.ptx.count("st.global.v4"),
                              tma=r.ptx.count("cp.async.bulk.tensor"), regs=r.registers, spill=r.spill_bytes,
                              setmaxnreg=r.ptx.count("setmaxnreg"), atomics=r.ptx.count("atom.global"),
                              reduce=r.ptx.count("cp.reduce.async.bulk.tensor"),
@@ -95,6 +97,14 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
         assert r["producer_ok"], f"{r}: the TMA producer's K/V loop bounds are not recomputed per item"
         assert r["atomics"] == 0, r
         assert (r["reduce"] > 0) == (r["kernel"] == "hopper_bwd"), r
+        assert r["shared"] <= 232448, f"{r}: more shared memory than an H200 SM gives one CTA"
+
+
+def test_hopper_forward_for_short_sequences_stores_o_in_16_byte_pieces(hopper_reports):
+    """At D=128 the forward has two forms by mean key length (jfa.hopper.config.select_fwd); the short one (2 K/V
+    stages) stores O in 16-byte vectors, the long one (3 stages) has no room for the layout conversion."""
+    fwd128 = [r for r in hopper_reports if r["kernel"] == "hopper_fwd" and r["d"] == 128]
+    assert len(fwd128) == 4 and sorted(r["vec_stores"] > 0 for r in fwd128) == [False, False, True, True], fwd128
 
 
 def test_schedule_kernel_compiles_for_sm90():

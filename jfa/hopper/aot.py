@@ -30,11 +30,13 @@ def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options)
                if sig[arg].startswith("*") or (arg.startswith("stride_") and arg != "stride_lh")]
     attrs = {(i, ): [["tt.divisibility", 16]] for i in aligned}
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
-    asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options)).asm
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options))
+    asm = compiled.asm
     regs, spills = ptxas_report(asm["ptx"])
     report = Report(name, head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", asm["ptx"])), regs, spills,
                     asm["ptx"])
     report.ttgir = asm["ttgir"]
+    report.shared = compiled.metadata.shared
     return report
 
 
@@ -60,12 +62,13 @@ def _host_tensor(head_dim, dtype):
     return torch.empty(128, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
 
 
-def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
-    cfg = select_fwd(head_dim)
+def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, mean_kv_len=float("inf")) -> Report:
+    """The forward (jfa.hopper.fwd) as configured for batches of this mean key length."""
+    cfg = select_fwd(head_dim, mean_kv_len)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg)))
     constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-                      BROADCAST=broadcast, num_warps=4)
+                      BROADCAST=broadcast, COALESCED=cfg.coalesced_store, num_warps=4)
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
     return _compile("hopper_fwd", fwd.hopper_fwd_kernel, descs, constexprs, types, head_dim, dtype,
                     **cfg.launch_options())

@@ -33,7 +33,8 @@ from ..runtime import num_sms
 from ..schedule import CACHE
 from ..triton.launch import bwd_delta, sum_broadcast_dq
 from .bwd_dq import dq_pass
-from .common import WG_ROWS, Batch, ItemOperands, Ring, RowStats, Shape, WorkList, aggregate, aligned, tma_descriptor
+from .common import (WG_ROWS, Batch, ItemOperands, Ring, RowStats, Shape, WorkList, aggregate, aligned, store_rows,
+                     tma_descriptor)
 from .config import DkdvConfig, key_tile_schedule, one_pass_backward, select_dkdv
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 
@@ -230,21 +231,6 @@ def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs
 
 
 @gluon.jit
-def _store_keys(base, stride_t, x, k0, kv_start, kv_len):
-    """Rows k0.. of a warpgroup's [64, D] result (dK or dV), those before kv_len, at base + (kv_start + row) *
-    stride_t, in 16-byte pieces: straight from the wgmma layout each store would write 4 bytes per thread (16 of
-    every row's bytes per warp instruction), which filled L2 with partial-sector writes where items are short."""
-    HEAD_DIM: gl.constexpr = x.shape[1]
-    VEC: gl.constexpr = 8  # 16-bit elements per 16 bytes
-    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (HEAD_DIM // VEC), HEAD_DIM // VEC], [4, 1], [1, 0])
-    x = gl.convert_layout(x, layout)
-    rows = k0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, layout))
-    cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout)), 0)
-    gl.store(base + gl.expand_dims((kv_start + rows).to(gl.int64) * stride_t, 1) + cols, x,
-             mask=gl.expand_dims(rows < kv_len, 1))
-
-
-@gluon.jit
 def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, stats, stage):
     dtype: gl.constexpr = kv_ops.a.dtype
     HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
@@ -290,9 +276,9 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                         it += 1
             kv_ops.release()  # K/V read for the last time: the producer may load the next item's
             t += 1
-            _store_keys(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
+            store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
                         tile.kv_start, tile.kv_len)
-            _store_keys(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
+            store_rows(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
                         tile.kv_len)
 
 

@@ -51,6 +51,22 @@ def aligned(*tensors):
     return tuple(x if x.data_ptr() % 16 == 0 else x.clone() for x in tensors)
 
 
+@gluon.jit
+def store_rows(base, stride_t, x, r0, start, length):
+    """Rows r0.. of a warpgroup's [64, D] result (O, dK or dV), those before `length`, at base + (start + row) *
+    stride_t, in 16-byte pieces: straight from the wgmma layout each store would write 4 bytes per thread (16 of
+    every row's bytes per warp instruction), which filled L2 with partial-sector writes where items are short. The
+    layout conversion goes through shared memory (D x 128 bytes of scratch per warpgroup)."""
+    HEAD_DIM: gl.constexpr = x.shape[1]
+    VEC: gl.constexpr = 8  # 16-bit elements per 16 bytes
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (HEAD_DIM // VEC), HEAD_DIM // VEC], [4, 1], [1, 0])
+    x = gl.convert_layout(x, layout)
+    rows = r0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout)), 0)
+    gl.store(base + gl.expand_dims((start + rows).to(gl.int64) * stride_t, 1) + cols, x,
+             mask=gl.expand_dims(rows < length, 1))
+
+
 @aggregate
 class Shape:
     """The compile-time shape of one kernel (its config's and the problem's): rows per item and per block of the

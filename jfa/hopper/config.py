@@ -16,6 +16,7 @@ class FwdConfig:
     consumers: int  # consumer warpgroups per CTA, WG query rows each
     block_n: int = 128  # keys per K/V block
     stages: int = 3  # K/V ring depth (the ring and Q fit in the 227 KB of shared memory at D=128)
+    coalesced_store: bool = False  # O in 16-byte pieces through a shared-memory layout conversion (fwd._store)
 
     @property
     def block_m(self) -> int:
@@ -31,12 +32,25 @@ class FwdConfig:
         return {"maxnreg": 128} if self.ctas_per_sm == 2 else {}
 
 
-def select_fwd(head_dim: int) -> FwdConfig:
+def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     """D=64: 64-row tiles at two CTAs per SM (d64-uniform-512: 149 vs 139 TF/s with two consumers, session
-    3). D=128: 128-row tiles whose two warpgroups share each K/V block, 3 stages (+3-12% over 2, session 3).
-    Tried and lost: ping-pong of the two consumers (+-3%), prefetching the next item's bookkeeping (+-3%),
-    pairs of heads per tile for short query blocks (+4% on pma-64 only) (sessions 3-4)."""
-    return FwdConfig(consumers=1 if head_dim <= 64 else 2)
+    3). D=128: 128-row tiles whose two warpgroups share each K/V block; by the batch's mean key length (keys /
+    sequences, known on the host without a sync): up to SHORT_KV, 2 K/V stages and O stored in 16-byte pieces
+    through the shared memory the third stage would take (short-128 1.03 -> 0.94 ms, self-full-512 1.67 -> 1.45,
+    session 8), else 3 stages (+3-12% over 2, session 3; self-skewed-8k 2.62 vs 2.70-2.85 with the short form,
+    targets-32 0.61 vs 0.63, pma-64 0.570 vs 0.580). Tried and lost: ping-pong of the two consumers (+-3%),
+    prefetching the next item's bookkeeping (+-3%), pairs of heads per tile for short query blocks (+4% on pma-64
+    only) (sessions 3-4), O's rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8)."""
+    if head_dim <= 64:
+        return FwdConfig(consumers=1)
+    if mean_kv_len <= SHORT_KV:
+        return FwdConfig(consumers=2, stages=2, coalesced_store=True)
+    return FwdConfig(consumers=2)
+
+
+# mean keys per sequence: the short form won at 63-513 (8-13%), was mixed at 1,030-1,070 (gqa-uniform-2k -2%,
+# causal-skewed-4k even, targets-32 +3%) and lost above (docs/perf-notes.md, session 8)
+SHORT_KV = 768
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 from ..geometry import in_window, key_blocks
 from ..runtime import num_sms
 from ..schedule import CACHE
-from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, tma_descriptor
+from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, store_rows, tma_descriptor
 from .config import FwdConfig, query_tile_schedule, select_fwd
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -97,7 +97,7 @@ def _softmax(s, m_i, qk_scale):
 
 
 @gluon.jit
-def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
+def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out, COALESCED: gl.constexpr):
     BLOCK_N: gl.constexpr = shape.BLOCK_N
     dtype: gl.constexpr = q_ops.a.dtype
     HEAD_DIM: gl.constexpr = q_ops.a.shape[2]
@@ -171,23 +171,28 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
             it += n_blocks
             t += 1
             if row0 < q_len:
-                _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, dtype)
+                _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, dtype, COALESCED)
 
 
 @gluon.jit
 def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.constexpr, s_rows: gl.constexpr,
-           dtype: gl.constexpr):
-    """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf."""
+           dtype: gl.constexpr, COALESCED: gl.constexpr):
+    """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf.
+    COALESCED: O in 16-byte pieces (store_rows), else straight from the wgmma layout (no shared memory needed)."""
     HEAD_DIM: gl.constexpr = acc.shape[1]
     seen = l_i > 0.0
     lse = gl.where(seen, (m_i * out.qk_scale + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
     inv = gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0), o_rows)
     o = (acc * gl.expand_dims(inv, 1)).to(dtype)
-    o_m = row0 + gl.arange(0, WG_ROWS, layout=o_rows)
-    o_d = gl.arange(0, HEAD_DIM, layout=o_cols)
-    p_o = (out.O + tile.q_start.to(gl.int64) * out.stride_ot + tile.head * out.stride_oh
-           + gl.expand_dims(o_m, 1) * out.stride_ot + gl.expand_dims(o_d, 0))
-    gl.store(p_o, o, mask=gl.expand_dims(o_m < tile.q_len, 1))
+    base = out.O + tile.head * out.stride_oh
+    if COALESCED:
+        store_rows(base, out.stride_ot, o, row0, tile.q_start, tile.q_len)
+    else:
+        o_m = row0 + gl.arange(0, WG_ROWS, layout=o_rows)
+        o_d = gl.arange(0, HEAD_DIM, layout=o_cols)
+        p_o = (base + tile.q_start.to(gl.int64) * out.stride_ot + gl.expand_dims(o_m, 1) * out.stride_ot
+               + gl.expand_dims(o_d, 0))
+        gl.store(p_o, o, mask=gl.expand_dims(o_m < tile.q_len, 1))
     offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
     gl.store(out.LSE + tile.head * out.stride_lh + tile.q_start + offs_m, lse, mask=offs_m < tile.q_len)
 
@@ -196,7 +201,7 @@ def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.cons
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot,
                       stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                      BROADCAST: gl.constexpr, num_warps: gl.constexpr):
+                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, num_warps: gl.constexpr):
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
@@ -205,13 +210,13 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, til
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
-            (_softmax_partition, (1, shape, work, batch, q_ops, kv, out)),
+            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out, COALESCED)),
+            (_softmax_partition, (1, shape, work, batch, q_ops, kv, out, COALESCED)),
             (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv)),
         ], [4, 1], [232, 40])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
+            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out, COALESCED)),
             (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv)),
         ], [1], [24])
 
@@ -223,8 +228,8 @@ def descriptors(q, k, v, cfg: FwdConfig):
 
 def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
     """-> (out, lse) as jfa.triton.launch.forward. Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
-    cfg = select_fwd(q.shape[2])
     batch = kv_offsets.numel() - 1
+    cfg = select_fwd(q.shape[2], k.shape[0] / max(batch, 1))
     rows = batch * q.shape[0] if broadcast else q.shape[0]
     hq, d = q.shape[1], q.shape[2]
     out = torch.empty(rows, hq, d, dtype=q.dtype, device=q.device)
@@ -241,5 +246,5 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
         *descriptors(q, k, v, cfg), out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), left,
         right, GROUP=hq // k.shape[1], BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        BROADCAST=broadcast, num_warps=4, **cfg.launch_options())
+        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, num_warps=4, **cfg.launch_options())
     return out, lse
