@@ -2,7 +2,7 @@
 and with a rebuild, the forward, Delta, the one-pass backward kernel, the deterministic backward's dK/dV and dQ
 passes, and each whole backward (Delta, zeroing, casts included).
 
-    python benchmarks/passes.py [--only NAME,...] [--rep-ms 100]
+    python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100]
 
 One line per workload: each part's median ms (triton.testing.do_bench) and, for the kernels, TF/s over the
 matmuls each one does (forward 2 of 2; one pass 5, dK/dV 4 and dQ 3 of the backward's 5). Use it to see which part a
@@ -58,14 +58,18 @@ def parts(inp):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help="comma-separated workload names (default: the whole suite)")
+    p.add_argument("--parts", help="comma-separated parts to time (default: all), e.g. 'forward,backward (default)'")
     p.add_argument("--rep-ms", type=int, default=100)
     args = p.parse_args(argv)
+    wanted = None if args.parts is None else set(args.parts.split(","))
     _, workloads = suite.load_suite()
     for w in suite.select(workloads, args.only):
         inp = suite.make_inputs(w, device="cuda", dtype=torch.bfloat16)
         fwd_flops, bwd_flops = suite.flops(w, inp.kv_lens)
         cells = []
         for name, (fn, share, phase) in parts(inp).items():
+            if wanted is not None and name not in wanted:
+                continue
             ms = do_bench(fn, warmup=25, rep=args.rep_ms, return_mode="median")
             flops = {"fwd": fwd_flops, "bwd": bwd_flops}.get(phase, 0) * share
             cells.append(f"{name} {ms:.3f} ms" + (f" {flops / ms / 1e9:.0f} TF/s" if flops else ""))
