@@ -35,26 +35,30 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @aggregate
 class FwdOutput:
+    """Where O and LSE go, and how O is stored: COALESCED, in 16-byte pieces through a shared-memory layout
+    conversion (store_rows), else straight from the wgmma layout (jfa.hopper.config.FwdConfig.coalesced_store)."""
     O: gl.tensor
     LSE: gl.tensor
     stride_ot: gl.tensor
     stride_oh: gl.tensor
     stride_lh: gl.tensor
     qk_scale: gl.tensor
+    COALESCED: gl.constexpr
 
     @constexpr_function
-    def __init__(self, O, LSE, stride_ot, stride_oh, stride_lh, qk_scale):
+    def __init__(self, O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED):
         self.O = O
         self.LSE = LSE
         self.stride_ot = stride_ot
         self.stride_oh = stride_oh
         self.stride_lh = stride_lh
         self.qk_scale = qk_scale
+        self.COALESCED = gl.constexpr(COALESCED)
 
     @gluon.jit
-    def create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale):
+    def create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED: gl.constexpr):
         return FwdOutput(O, LSE, gl.to_tensor(stride_ot), gl.to_tensor(stride_oh), gl.to_tensor(stride_lh),
-                         qk_scale)
+                         qk_scale, COALESCED)
 
 
 @gluon.jit
@@ -97,7 +101,7 @@ def _softmax(s, m_i, qk_scale):
 
 
 @gluon.jit
-def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out, COALESCED: gl.constexpr):
+def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
     BLOCK_N: gl.constexpr = shape.BLOCK_N
     dtype: gl.constexpr = q_ops.a.dtype
     HEAD_DIM: gl.constexpr = q_ops.a.shape[2]
@@ -171,21 +175,20 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out, COA
             it += n_blocks
             t += 1
             if row0 < q_len:
-                _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, dtype, COALESCED)
+                _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, dtype)
 
 
 @gluon.jit
 def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.constexpr, s_rows: gl.constexpr,
-           dtype: gl.constexpr, COALESCED: gl.constexpr):
-    """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf.
-    COALESCED: O in 16-byte pieces (store_rows), else straight from the wgmma layout (no shared memory needed)."""
+           dtype: gl.constexpr):
+    """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf."""
     HEAD_DIM: gl.constexpr = acc.shape[1]
     seen = l_i > 0.0
     lse = gl.where(seen, (m_i * out.qk_scale + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
     inv = gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0), o_rows)
     o = (acc * gl.expand_dims(inv, 1)).to(dtype)
     base = out.O + tile.head * out.stride_oh
-    if COALESCED:
+    if out.COALESCED:
         store_rows(base, out.stride_ot, o, row0, tile.q_start, tile.q_len)
     else:
         o_m = row0 + gl.arange(0, WG_ROWS, layout=o_rows)
@@ -205,18 +208,18 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, til
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
-    out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale)
+    out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out, COALESCED)),
-            (_softmax_partition, (1, shape, work, batch, q_ops, kv, out, COALESCED)),
+            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
+            (_softmax_partition, (1, shape, work, batch, q_ops, kv, out)),
             (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv)),
         ], [4, 1], [232, 40])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out, COALESCED)),
+            (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
             (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv)),
         ], [1], [24])
 
