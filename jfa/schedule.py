@@ -140,8 +140,9 @@ def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order
 
     Two counting sorts. The first: a tile's key is its sequence's heaviest tile cost (atomic max), its bucket key + 1
     (0 for spare capacity), a histogram, its suffix sums (heavier buckets first), then each tile takes the next rank
-    of its bucket. The second: bucket (rank // window) * CLASSES + lighter classes later, likewise. The order among
-    tiles of equal bucket may differ run to run (atomics); every item is still computed by exactly one CTA."""
+    of its bucket. The second, likewise: by window (first rank // window), earlier first, then by cost class (cost *
+    CLASSES // (the heaviest cost + 1)), heavier first. The order among tiles of equal bucket may differ run to run
+    (atomics); every item is still computed by exactly one CTA."""
     if _offsets_changed(q_offsets, kv_offsets, seen, batch, BLOCK):
         tile_ends = scratch
         seq_key = tile_ends + batch
@@ -174,7 +175,7 @@ def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order
             tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
             tl.store(tile_cost + idx, cost, mask=keep)
             tl.atomic_max(seq_key + seq, cost, mask=keep & valid)
-            tl.atomic_max(top + idx * 0, cost, mask=keep & valid)
+            tl.atomic_max(top, tl.max(tl.where(keep & valid, cost, -1), 0))
         tl.debug_barrier()
         classes_over = tl.load(top, cache_modifier=".cg") + 1  # cost class = cost * CLASSES // classes_over
         for t0 in range(0, capacity, BLOCK):  # the histogram of the sequence keys
