@@ -175,7 +175,7 @@ def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order
             tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
             tl.store(tile_cost + idx, cost, mask=keep)
             tl.atomic_max(seq_key + seq, cost, mask=keep & valid)
-            tl.atomic_max(top, tl.max(tl.where(keep & valid, cost, -1), 0))
+            tl.atomic_max(top + idx * 0, cost, mask=keep & valid)
         tl.debug_barrier()
         classes_over = tl.load(top, cache_modifier=".cg") + 1  # cost class = cost * CLASSES // classes_over
         for t0 in range(0, capacity, BLOCK):  # the histogram of the sequence keys
