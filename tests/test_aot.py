@@ -114,8 +114,10 @@ def test_schedule_kernel_compiles_for_sm90():
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from jfa import schedule
 from jfa.schedule import refresh_kernel as fn
-consts = dict(BLOCK_M=128, BLOCK_N=128, CLASSES=32, WINDOW_ROUNDS=2, ROTATE=37, SEARCH_STEPS=10, BLOCK=1024)
+consts = dict(BLOCK_M=128, BLOCK_N=128, CLASSES=schedule.CLASSES, WINDOW_ROUNDS=schedule.WINDOW_ROUNDS,
+              ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=1024)
 for offsets in ("*i32", "*i64"):
     sig = {a: "constexpr" if a in consts else offsets if a.endswith("offsets") else "*i64" if a == "seen"
            else "*i32" if a in ("scratch", "tiles", "tile_cost", "order", "sm_start") else "i32" for a in fn.arg_names}

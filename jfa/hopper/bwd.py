@@ -277,9 +277,9 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
             kv_ops.release()  # K/V read for the last time: the producer may load the next item's
             t += 1
             store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
-                        tile.kv_start, tile.kv_len)
+                       tile.kv_start, tile.kv_len)
             store_rows(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
-                        tile.kv_len)
+                       tile.kv_len)
 
 
 @gluon.jit
