@@ -41,8 +41,9 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     targets-32 0.61 vs 0.63, pma-64 0.570 vs 0.580). Tried and lost: ping-pong of the two consumers (+-3%),
     prefetching the next item's bookkeeping (+-3%), pairs of heads per tile for short query blocks (+4% on pma-64
     only) (sessions 3-4), O's rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8)."""
-    if head_dim <= 64:
-        return FwdConfig(consumers=1)
+    if head_dim <= 64:  # EXPERIMENT (exp/session9): the short form at D=64 too, untimed
+        return FwdConfig(consumers=1, stages=2, coalesced_store=True) if mean_kv_len <= SHORT_KV else FwdConfig(
+            consumers=1)
     if mean_kv_len <= SHORT_KV:
         return FwdConfig(consumers=2, stages=2, coalesced_store=True)
     return FwdConfig(consumers=2)
