@@ -62,6 +62,7 @@ class Schedule:
 WINDOW_ROUNDS = 2  # rounds of the deal per window
 CLASSES = 32  # cost classes inside a window
 ROTATE = 37  # CTAs the deal turns by from one window to the next (complete rounds only)
+REFRESH_BLOCK = 4096  # EXPERIMENT (untimed; was 1024 on 4 warps): tiles per step of the one-CTA refresh, 8 per thread
 
 
 def window_tiles(spec: ScheduleSpec) -> int:
@@ -281,7 +282,8 @@ def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows:
             q_offsets, kv_offsets, sched.seen, sched.scratch, sched.tiles, sched.tile_cost, sched.order,
             sched.sm_start, batch, cap, spec.heads, spec.ctas, _buckets(spec, kv_rows), window_tiles(spec),
             spec.left, spec.right, BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, CLASSES=CLASSES,
-            WINDOW_ROUNDS=WINDOW_ROUNDS, ROTATE=ROTATE, SEARCH_STEPS=batch.bit_length() + 1, BLOCK=1024, num_warps=4)
+            WINDOW_ROUNDS=WINDOW_ROUNDS, ROTATE=ROTATE, SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK,
+            num_warps=REFRESH_BLOCK // 256)
     elif cap > 0:  # no sequences: every slot is spare
         sched.tiles.fill_(-1)
         sched.order.fill_(-1)

@@ -90,8 +90,9 @@ def test_schedule_matches_the_spec(name, block_m, block_n, heads, ctas, offsets_
 
 
 def test_many_tiles_match_the_spec():
-    """More tiles than the kernel handles in one chunk (1024), and cost buckets spread over several chunks."""
-    q_lens = [(7 * i) % 5 for i in range(1500)] + [2000]
+    """More tiles than the kernel handles in one chunk (REFRESH_BLOCK), and cost buckets spread over several
+    chunks."""
+    q_lens = [(7 * i) % 5 for i in range(2 * schedule.REFRESH_BLOCK)] + [2000]
     qo = offsets_of(q_lens)
     spec = ScheduleSpec(int(qo[-1]), 2, 32, 1, *resolve_window(True, (-1, -1)), 7)
     check_against_spec(schedule.build(qo, qo, spec, int(qo[-1])), q_lens, q_lens, spec)
