@@ -356,7 +356,8 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     delta = bwd_delta(out, dout, dlse, lse)
     args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
-    one_pass = not deterministic and rows > 0 and k.shape[0] > 0 and one_pass_backward(q.shape[2], broadcast)
+    one_pass = (not deterministic and rows > 0 and k.shape[0] > 0
+                and one_pass_backward(q.shape[2], broadcast, k.shape[0] / batch))
     if one_pass and broadcast:  # one slab of Lq rows per CTA, summed afterwards
         batch = num_sms(q.device)
         rows = batch * q.shape[0]

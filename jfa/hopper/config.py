@@ -76,12 +76,15 @@ def select_dkdv(head_dim: int, one_pass: bool = False) -> DkdvConfig:
     return DkdvConfig(serial=head_dim > 64)
 
 
-def one_pass_backward(head_dim: int, broadcast: bool) -> bool:
+def one_pass_backward(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf")) -> bool:
     """Whether the (non-deterministic) backward runs as one pass (dQ by TMA reduce-add) rather than the dK/dV and
     dQ passes. Broadcast q at D=128 stays two passes: its one pass adds Lq x D float32 per key tile into dQ
     (pma-256: 6.51 vs 5.81 ms, pma-64: 2.43 vs 2.37 ms); everywhere else one pass measured 0.96-1.18x (session
-    7, docs/perf-notes.md)."""
-    return not (broadcast and head_dim > 64)
+    7, docs/perf-notes.md). EXPERIMENT (exp/session9, untimed as a selection): batches of at most 128 keys per
+    sequence take the two passes too, where the float32 dQ's zero fill and cast are not paid back (short-128,
+    whole backward, one pass / two passes: 3.50 / 3.37 ms (session 7), 3.480 / 3.386 and 3.485 / 3.404 (session
+    8); at 256-1,034 keys one pass won by 5-18%)."""
+    return not (broadcast and head_dim > 64) and mean_kv_len > 128
 
 
 @dataclass(frozen=True)
