@@ -91,7 +91,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
             kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
             for w in gl.static_range(2):
                 row = tile.kv_start + tile.start + w * WG_ROWS
-                kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
+                kv_ops.load(w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
             for g in range(shape.GROUP):
                 col = (tile.head * shape.GROUP + g) * HEAD_DIM
                 for m0 in range(tile.lo, tile.hi, BLOCK_M):
@@ -274,7 +274,7 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                             dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, qdo, grads, i_h,
                                                  tile, offs_n, batch, BLOCK_M, seg != 1, shape.SERIAL)
                         it += 1
-            kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
+            kv_ops.release()  # K/V read for the last time: the producer may load the next item's
             t += 1
             store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
                        tile.kv_start, tile.kv_len)
@@ -295,7 +295,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, LSE, DE
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     grads = DkdvGrads.create(DK, DV, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, scale,
                              qk_scale)
-    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, 1)  # one slot: kv_ops.a.index(w) is consumer w's K
+    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     if ONE_PASS:
         stats = RowStats.alloc(BLOCK_M, STAGES)

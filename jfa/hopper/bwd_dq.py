@@ -70,7 +70,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
             col = tile.head * HEAD_DIM
             qdo_ops.acquire(t)
             for w in gl.static_range(2):
-                qdo_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, col], do_desc,
+                qdo_ops.load(w, q_desc, [q_row0 + w * WG_ROWS, col], do_desc,
                              [tile.q_start + tile.start + w * WG_ROWS, col])
             kv_col = (tile.head // shape.GROUP) * HEAD_DIM
             for n0 in range(tile.lo, tile.hi, BLOCK_N):
@@ -132,9 +132,9 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads):
                     dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
                     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))[0]
                     kv.release(it + j)
-                qdo_ops.release(t)
+                qdo_ops.release()
             else:  # rows past the sequence's end, or no keys: hand the buffers back
-                qdo_ops.release(t)
+                qdo_ops.release()
                 for j in range(0, n_blocks):
                     kv.wait(it + j)
                     kv.release(it + j)
@@ -157,7 +157,7 @@ def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets,
     shape = Shape(GROUP, 2 * WG_ROWS, BLOCK_N, 2, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
-    qdo_ops = ItemOperands.alloc(q_desc, do_desc, 2, True, 1)  # one slot: .a.index(w) is consumer w's Q
+    qdo_ops = ItemOperands.alloc(q_desc, do_desc, 2, True)
     kv = Ring.alloc(k_desc, v_desc, STAGES, 2, False)
     grads = DqGrads.create(DQ, LSE, DELTA, stride_dqt, stride_dqh, stride_lh, scale, qk_scale)
     gl.warp_specialize([

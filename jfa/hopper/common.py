@@ -312,80 +312,57 @@ class RowStats:
 
 @aggregate
 class ItemOperands:
-    """One block of one or two operands per consumer warpgroup, loaded once per item, in SLOTS buffers taken in
-    turn (item t in slot t % SLOTS: with two, the producer loads the next item's blocks while this one runs):
-    ready[slot, w] completes when consumer w's block lands; empty[slot] counts one release per consumer."""
-    a: gl.shared_memory_descriptor  # [SLOTS * CONSUMERS] blocks
+    """One block of one or two operands per consumer warpgroup, loaded once per item: ready[w] completes when
+    consumer w's block lands; empty counts one release per consumer."""
+    a: gl.shared_memory_descriptor
     b: gl.shared_memory_descriptor
-    ready: gl.shared_memory_descriptor  # [SLOTS * CONSUMERS]
-    empty: gl.shared_memory_descriptor  # [SLOTS]
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
     TWO: gl.constexpr
-    CONSUMERS: gl.constexpr
-    SLOTS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, a, b, ready, empty, TWO, CONSUMERS, SLOTS):
+    def __init__(self, a, b, ready, empty, TWO):
         self.a = a
         self.b = b
         self.ready = ready
         self.empty = empty
         self.TWO = gl.constexpr(TWO)
-        self.CONSUMERS = gl.constexpr(CONSUMERS)
-        self.SLOTS = gl.constexpr(SLOTS)
 
     @gluon.jit
-    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr, SLOTS: gl.constexpr):
-        a = gl.allocate_shared_memory(a_desc.dtype, [SLOTS * CONSUMERS] + a_desc.block_shape, a_desc.layout)
+    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr):
+        a = gl.allocate_shared_memory(a_desc.dtype, [CONSUMERS] + a_desc.block_shape, a_desc.layout)
         b = a
         if TWO:
-            b = gl.allocate_shared_memory(b_desc.dtype, [SLOTS * CONSUMERS] + b_desc.block_shape, b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [SLOTS * CONSUMERS, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(SLOTS):
-            mbarrier.init(empty.index(s), count=CONSUMERS)
-        for w in gl.static_range(SLOTS * CONSUMERS):
+            b = gl.allocate_shared_memory(b_desc.dtype, [CONSUMERS] + b_desc.block_shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(empty, count=CONSUMERS)
+        for w in gl.static_range(CONSUMERS):
             mbarrier.init(ready.index(w), count=1)
-        return ItemOperands(a, b, ready, empty, TWO, CONSUMERS, SLOTS)
-
-    @gluon.jit
-    def _index(self, t, w: gl.constexpr):
-        if self.SLOTS == 1:
-            return w
-        else:
-            return (t % self.SLOTS) * self.CONSUMERS + w
-
-    @gluon.jit
-    def block_a(self, t, w: gl.constexpr):
-        """Consumer w's block of the first operand for item t."""
-        return self.a.index(self._index(t, w))
-
-    @gluon.jit
-    def block_b(self, t, w: gl.constexpr):
-        return self.b.index(self._index(t, w))
+        return ItemOperands(a, b, ready, empty, TWO)
 
     @gluon.jit
     def acquire(self, t):
-        """Producer: wait until every consumer has released item t - SLOTS's blocks."""
-        mbarrier.wait(self.empty.index(t % self.SLOTS), ((t // self.SLOTS) & 1) ^ 1)
+        """Producer: wait until every consumer has released item t - 1's blocks."""
+        mbarrier.wait(self.empty, (t & 1) ^ 1)
 
     @gluon.jit
-    def load(self, t, w: gl.constexpr, a_desc, a_coord, b_desc, b_coord):
-        """Producer: TMA-load consumer w's block(s) of item t (after acquire)."""
-        i = self._index(t, w)
-        bar = self.ready.index(i)
+    def load(self, w: gl.constexpr, a_desc, a_coord, b_desc, b_coord):
+        """Producer: TMA-load consumer w's block(s) of the item (after acquire)."""
+        bar = self.ready.index(w)
         if self.TWO:
             mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))
-            tma.async_copy_global_to_shared(b_desc, b_coord, bar, self.b.index(i))
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(w))
+            tma.async_copy_global_to_shared(b_desc, b_coord, bar, self.b.index(w))
         else:
             mbarrier.expect(bar, a_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(w))
 
     @gluon.jit
     def wait(self, t, w: gl.constexpr):
         """Consumer w: item t's blocks have landed."""
-        mbarrier.wait(self.ready.index(self._index(t, w)), (t // self.SLOTS) & 1)
+        mbarrier.wait(self.ready.index(w), t & 1)
 
     @gluon.jit
-    def release(self, t):
-        mbarrier.arrive(self.empty.index(t % self.SLOTS), count=1)
+    def release(self):
+        mbarrier.arrive(self.empty, count=1)

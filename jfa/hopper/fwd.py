@@ -3,8 +3,7 @@
 Glossary as jfa/geometry.py; aggregates and the barrier protocol as jfa/hopper/common.py. Each CTA loops over
 its items (query tile, head); its partitions share shared memory and talk through mbarriers:
 
-  load      1 warp: per item, TMA-loads the Q tile (one WG_ROWS box per consumer: ItemOperands, in Q_SLOTS
-            buffers taken in turn, so with two the next item's Q lands while this one runs), then
+  load      1 warp: per item, TMA-loads the Q tile (one WG_ROWS box per consumer: ItemOperands), then
             streams the tile's K/V blocks through a STAGES-deep Ring (a slot is refilled once every consumer
             has released it).
   softmax   CONSUMERS x 4 warps (consumer w owns Q rows [m0 + 64 w, m0 + 64 w + 64)): per K/V block,
@@ -74,7 +73,7 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
             q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
             q_ops.acquire(t)
             for w in gl.static_range(shape.CONSUMERS):
-                q_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
+                q_ops.load(w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
             col = (tile.head // shape.GROUP) * HEAD_DIM
             for n0 in range(tile.lo, tile.hi, shape.BLOCK_N):
                 kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
@@ -116,6 +115,7 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
+    q_buf = q_ops.a.index(WG)
     qk_scale = out.qk_scale
 
     it = 0
@@ -137,7 +137,6 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
             l_i = gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows)
             acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=o_layout)
             q_ops.wait(t, WG)
-            q_buf = q_ops.block_a(t, WG)
             if (row0 < q_len) & (n_blocks > 0):
                 # prologue: S of the first block and its softmax
                 s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -162,13 +161,13 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
                     kv.release(it + jb - 1)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
-                q_ops.release(t)  # last S issued and done: the producer may load the next Q
+                q_ops.release()  # last S issued and done: the producer may load the next Q
                 last = it + n_blocks - 1
                 acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
                 kv.release(last)
             else:  # rows past the sequence's end, or no keys: hand the buffers back
-                q_ops.release(t)
+                q_ops.release()
                 for jb in range(0, n_blocks):
                     kv.wait_b(it + jb)
                     kv.wait_a(it + jb)
@@ -205,13 +204,12 @@ def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.cons
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot,
                       stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, Q_SLOTS: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, num_warps: gl.constexpr):
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED)
-    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, Q_SLOTS)
+    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
         gl.warp_specialize([
@@ -251,5 +249,5 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
         *descriptors(q, k, v, cfg), out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), left,
         right, GROUP=hq // k.shape[1], BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, Q_SLOTS=cfg.q_slots, num_warps=4, **cfg.launch_options())
+        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, num_warps=4, **cfg.launch_options())
     return out, lse
