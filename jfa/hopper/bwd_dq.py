@@ -70,8 +70,11 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
             col = tile.head * HEAD_DIM
             qdo_ops.acquire(t)
             for w in gl.static_range(2):
-                qdo_ops.load(w, q_desc, [q_row0 + w * WG_ROWS, col], do_desc,
-                             [tile.q_start + tile.start + w * WG_ROWS, col])
+                if tile.start + w * WG_ROWS < tile.q_len:
+                    qdo_ops.load(w, q_desc, [q_row0 + w * WG_ROWS, col], do_desc,
+                                 [tile.q_start + tile.start + w * WG_ROWS, col])
+                else:  # no rows for consumer w: it reads neither
+                    qdo_ops.skip(w)
             kv_col = (tile.head // shape.GROUP) * HEAD_DIM
             for n0 in range(tile.lo, tile.hi, BLOCK_N):
                 kv.fill(it, k_desc, [tile.kv_start + n0, kv_col], v_desc, [tile.kv_start + n0, kv_col])
@@ -158,7 +161,7 @@ def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets,
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     qdo_ops = ItemOperands.alloc(q_desc, do_desc, 2, True)
-    kv = Ring.alloc(k_desc, v_desc, STAGES, 2, False)
+    kv = Ring.alloc(k_desc, v_desc, STAGES, 2, False, 1)
     grads = DqGrads.create(DQ, LSE, DELTA, stride_dqt, stride_dqh, stride_lh, scale, qk_scale)
     gl.warp_specialize([
         (_dq_partition, (0, shape, work, batch, qdo_ops, kv, grads)),

@@ -17,6 +17,7 @@ class FwdConfig:
     block_n: int = 128  # keys per K/V block
     stages: int = 3  # K/V ring depth (the ring and Q fit in the 227 KB of shared memory at D=128)
     coalesced_store: bool = False  # O in 16-byte pieces through a shared-memory layout conversion (fwd._store)
+    kv_pieces: int = 1  # TMA boxes per K/V block: with 2, a block's second half is loaded only if it holds keys
 
     @property
     def block_m(self) -> int:
@@ -42,10 +43,10 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     prefetching the next item's bookkeeping (+-3%), pairs of heads per tile for short query blocks (+4% on pma-64
     only) (sessions 3-4), O's rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8)."""
     if head_dim <= 64:  # EXPERIMENT (exp/session9): the short form at D=64 too, untimed
-        return FwdConfig(consumers=1, stages=2, coalesced_store=True) if mean_kv_len <= SHORT_KV else FwdConfig(
-            consumers=1)
+        return FwdConfig(consumers=1, stages=2, coalesced_store=True, kv_pieces=2) if mean_kv_len <= SHORT_KV \
+            else FwdConfig(consumers=1)
     if mean_kv_len <= SHORT_KV:
-        return FwdConfig(consumers=2, stages=2, coalesced_store=True)
+        return FwdConfig(consumers=2, stages=2, coalesced_store=True, kv_pieces=2)
     return FwdConfig(consumers=2)
 
 
