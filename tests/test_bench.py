@@ -155,6 +155,7 @@ def test_inputs_and_prefix():
     assert sub.k.shape[0] == 11 and sub.dout.shape[0] == 8 and sub.q.shape == inp.q.shape
     assert runner.gate_prefix(inp, budget=2 * 4 * 9) == 1  # the first sequence always
     assert runner.gate_prefix(inp, budget=1 << 20) == 3
+    assert runner.gate_prefix(inp, budget=1 << 20, max_seqs=2) == 2
 
 
 def test_new_offsets_cost_is_the_extra_time_of_fresh_offsets():

@@ -91,12 +91,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
             kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
             for w in gl.static_range(2):
                 row = tile.kv_start + tile.start + w * WG_ROWS
-                # two passes: consumer w with no keys computes only dK/dV rows that are never stored, so it may
-                # run on older data; one pass: its (masked) dS still meets dQ, so it needs finite K/V
-                if (stats is not None) | (tile.start + w * WG_ROWS < tile.kv_len):
-                    kv_ops.load(w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
-                else:
-                    kv_ops.skip(w)
+                kv_ops.load(w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
             for g in range(shape.GROUP):
                 col = (tile.head * shape.GROUP + g) * HEAD_DIM
                 for m0 in range(tile.lo, tile.hi, BLOCK_M):
@@ -301,7 +296,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, LSE, DE
     grads = DkdvGrads.create(DK, DV, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, scale,
                              qk_scale)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True)
-    qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False, 1)
+    qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     if ONE_PASS:
         stats = RowStats.alloc(BLOCK_M, STAGES)
         stage = DqStage.alloc(k_desc.dtype, dq_desc, k_desc.block_shape[1], 2, DQ_STAGES)

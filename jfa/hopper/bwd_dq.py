@@ -161,7 +161,7 @@ def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets,
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     qdo_ops = ItemOperands.alloc(q_desc, do_desc, 2, True)
-    kv = Ring.alloc(k_desc, v_desc, STAGES, 2, False, 1)
+    kv = Ring.alloc(k_desc, v_desc, STAGES, 2, False)
     grads = DqGrads.create(DQ, LSE, DELTA, stride_dqt, stride_dqh, stride_lh, scale, qk_scale)
     gl.warp_specialize([
         (_dq_partition, (0, shape, work, batch, qdo_ops, kv, grads)),

@@ -21,7 +21,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.language.core import _aggregate as aggregate  # Gluon 3.6's aggregate (no public name yet)
 
 from ..geometry import key_range, query_range, sequence_bounds
@@ -181,9 +181,7 @@ class WorkList:
 @aggregate
 class Ring:
     """STAGES slots of one block of each of two operands, refilled by the producer as the consumers release
-    them. SPLIT: a ready barrier per operand (a consumer can start on the first operand alone), else one.
-    A slot holds PIECES of the descriptors' boxes stacked along the rows: fill_rows loads only those that hold
-    rows of the sequence (a short sequence's block reads half the bytes); the others keep older data."""
+    them. SPLIT: a ready barrier per operand (a consumer can start on the first operand alone), else one."""
     a: gl.shared_memory_descriptor
     b: gl.shared_memory_descriptor
     a_ready: gl.shared_memory_descriptor
@@ -191,10 +189,9 @@ class Ring:
     empty: gl.shared_memory_descriptor
     STAGES: gl.constexpr
     SPLIT: gl.constexpr
-    PIECES: gl.constexpr
 
     @constexpr_function
-    def __init__(self, a, b, a_ready, b_ready, empty, STAGES, SPLIT, PIECES):
+    def __init__(self, a, b, a_ready, b_ready, empty, STAGES, SPLIT):
         self.a = a
         self.b = b
         self.a_ready = a_ready
@@ -202,15 +199,11 @@ class Ring:
         self.empty = empty
         self.STAGES = gl.constexpr(STAGES)
         self.SPLIT = gl.constexpr(SPLIT)
-        self.PIECES = gl.constexpr(PIECES)
 
     @gluon.jit
-    def alloc(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr,
-              PIECES: gl.constexpr):
-        a_block: gl.constexpr = [PIECES * a_desc.block_shape[0], a_desc.block_shape[1]]
-        b_block: gl.constexpr = [PIECES * b_desc.block_shape[0], b_desc.block_shape[1]]
-        a = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_block, a_desc.layout)
-        b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_block, b_desc.layout)
+    def alloc(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr):
+        a = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
+        b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
         a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         b_ready = a_ready
         if SPLIT:
@@ -221,7 +214,7 @@ class Ring:
             if SPLIT:
                 mbarrier.init(b_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)
-        return Ring(a, b, a_ready, b_ready, empty, STAGES, SPLIT, PIECES)
+        return Ring(a, b, a_ready, b_ready, empty, STAGES, SPLIT)
 
     @gluon.jit
     def fill(self, it, a_desc, a_coord, b_desc, b_coord):
@@ -245,41 +238,6 @@ class Ring:
             mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
         tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
-
-    @gluon.jit
-    def fill_rows(self, it, a_desc, b_desc, row, col, rows):
-        """Producer (SPLIT, PIECES = 2): as fill, both operands at [row, col], but the second box of the slot only
-        when the block holds more than one box of rows (`rows` counted from `row`)."""
-        BOX: gl.constexpr = a_desc.block_shape[0]
-        self.claim(it)
-        slot = it % self.STAGES
-        two = rows > BOX
-        if two:
-            mbarrier.expect(self.a_ready.index(slot), 2 * a_desc.block_type.nbytes)
-            mbarrier.expect(self.b_ready.index(slot), 2 * b_desc.block_type.nbytes)
-        else:
-            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
-            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
-        for p in gl.static_range(2):
-            a_dst = self.a.index(slot).slice(p * BOX, BOX)
-            b_dst = self.b.index(slot).slice(p * BOX, BOX)
-            tma.async_copy_global_to_shared(a_desc, [row + p * BOX, col], self.a_ready.index(slot), a_dst,
-                                            pred=(p == 0) | two)
-            tma.async_copy_global_to_shared(b_desc, [row + p * BOX, col], self.b_ready.index(slot), b_dst,
-                                            pred=(p == 0) | two)
-
-    @gluon.jit
-    def zero_b(self):
-        """Zero every slot's second operand, in the kernel body (4 warps) before the partitions start: with
-        fill_rows, a slot's rows past a short sequence hold older data, which a P of zeros must meet as finite
-        values (0 x NaN is NaN; the first operand's stale columns are masked to -inf instead)."""
-        ROWS: gl.constexpr = self.b.shape[1]
-        COLS: gl.constexpr = self.b.shape[2]
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (COLS // 8), COLS // 8], [4, 1], [1, 0])
-        zeros = gl.zeros([ROWS, COLS], self.b.dtype, layout)
-        for s in gl.static_range(self.STAGES):
-            self.b.index(s).store(zeros)
-        fence_async_shared()
 
     @gluon.jit
     def wait(self, it):

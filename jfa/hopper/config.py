@@ -17,7 +17,6 @@ class FwdConfig:
     block_n: int = 128  # keys per K/V block
     stages: int = 3  # K/V ring depth (the ring and Q fit in the 227 KB of shared memory at D=128)
     coalesced_store: bool = False  # O in 16-byte pieces through a shared-memory layout conversion (fwd._store)
-    kv_pieces: int = 1  # TMA boxes per K/V block: with 2, a block's second half is loaded only if it holds keys
 
     @property
     def block_m(self) -> int:
@@ -35,19 +34,19 @@ class FwdConfig:
 
 def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     """D=64: 64-row tiles at two CTAs per SM (d64-uniform-512: 149 vs 139 TF/s with two consumers, session
-    3). D=128: 128-row tiles whose two warpgroups share each K/V block; by the batch's mean key length (keys /
+    3). D=128: 128-row tiles whose two warpgroups share each K/V block. Both by the batch's mean key length (keys /
     sequences, known on the host without a sync): up to SHORT_KV, 2 K/V stages and O stored in 16-byte pieces
     through the shared memory the third stage would take (short-128 1.03 -> 0.94 ms, self-full-512 1.67 -> 1.45,
-    session 8), else 3 stages (+3-12% over 2, session 3; self-skewed-8k 2.62 vs 2.70-2.85 with the short form,
-    targets-32 0.61 vs 0.63, pma-64 0.570 vs 0.580). Tried and lost: ping-pong of the two consumers (+-3%),
+    session 8; D=64: d64-uniform-512 0.91-0.93 -> 0.81-0.86, pma-32-d64 0.342 -> 0.335, session 9), else 3
+    stages (+3-12% over 2, session 3; self-skewed-8k 2.62 vs 2.70-2.85 with the short form, targets-32 0.61 vs
+    0.63, pma-64 0.570 vs 0.580). Tried and lost: a second Q buffer for the next item, and each short block's K/V
+    loaded as two 64-row boxes, the second only where it holds keys (within noise and -3%, session 9); ping-pong of the two consumers (+-3%),
     prefetching the next item's bookkeeping (+-3%), pairs of heads per tile for short query blocks (+4% on pma-64
     only) (sessions 3-4), O's rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8)."""
-    if head_dim <= 64:  # EXPERIMENT (exp/session9): the short form at D=64 too, untimed
-        return FwdConfig(consumers=1, stages=2, coalesced_store=True, kv_pieces=2) if mean_kv_len <= SHORT_KV \
-            else FwdConfig(consumers=1)
+    consumers = 1 if head_dim <= 64 else 2
     if mean_kv_len <= SHORT_KV:
-        return FwdConfig(consumers=2, stages=2, coalesced_store=True, kv_pieces=2)
-    return FwdConfig(consumers=2)
+        return FwdConfig(consumers=consumers, stages=2, coalesced_store=True)
+    return FwdConfig(consumers=consumers)
 
 
 # mean keys per sequence: the short form won at 63-513 (8-13%), was mixed at 1,030-1,070 (gqa-uniform-2k -2%,
@@ -81,10 +80,10 @@ def one_pass_backward(head_dim: int, broadcast: bool, mean_kv_len: float = float
     """Whether the (non-deterministic) backward runs as one pass (dQ by TMA reduce-add) rather than the dK/dV and
     dQ passes. Broadcast q at D=128 stays two passes: its one pass adds Lq x D float32 per key tile into dQ
     (pma-256: 6.51 vs 5.81 ms, pma-64: 2.43 vs 2.37 ms); everywhere else one pass measured 0.96-1.18x (session
-    7, docs/perf-notes.md). EXPERIMENT (exp/session9, untimed as a selection): batches of at most 128 keys per
-    sequence take the two passes too, where the float32 dQ's zero fill and cast are not paid back (short-128,
-    whole backward, one pass / two passes: 3.50 / 3.37 ms (session 7), 3.480 / 3.386 and 3.485 / 3.404 (session
-    8); at 256-1,034 keys one pass won by 5-18%)."""
+    7, docs/perf-notes.md). Batches of at most 128 keys per sequence take the two passes too, where the float32
+    dQ's zero fill and cast are not paid back (short-128, whole backward, one pass / two passes: 3.50 / 3.37 ms
+    (session 7), 3.480 / 3.386 and 3.485 / 3.404 (session 8); main / this default in one call: 3.492 / 3.388 and
+    3.470 / 3.389 (session 9); at 256-1,034 keys one pass won by 5-18%)."""
     return not (broadcast and head_dim > 64) and mean_kv_len > 128
 
 

@@ -79,10 +79,7 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
                     q_ops.skip(w)
             col = (tile.head // shape.GROUP) * HEAD_DIM
             for n0 in range(tile.lo, tile.hi, shape.BLOCK_N):
-                if kv.PIECES == 1:
-                    kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
-                else:
-                    kv.fill_rows(it, k_desc, v_desc, tile.kv_start + n0, col, tile.hi - n0)
+                kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
                 it += 1
             t += 1
 
@@ -210,16 +207,13 @@ def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.cons
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot,
                       stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, KV_PIECES: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, num_warps: gl.constexpr):
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False)
-    kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True, KV_PIECES)
-    if KV_PIECES > 1:
-        kv.zero_b()
+    kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
@@ -234,9 +228,8 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, til
 
 
 def descriptors(q, k, v, cfg: FwdConfig):
-    """TMA descriptors: q in WG_ROWS-row boxes (one per consumer), k and v in block_n / kv_pieces-row boxes."""
-    box = cfg.block_n // cfg.kv_pieces
-    return tma_descriptor(q, WG_ROWS.value), tma_descriptor(k, box), tma_descriptor(v, box)
+    """TMA descriptors: q in WG_ROWS-row boxes (one per consumer), k and v in block_n-row boxes."""
+    return tma_descriptor(q, WG_ROWS.value), tma_descriptor(k, cfg.block_n), tma_descriptor(v, cfg.block_n)
 
 
 def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
@@ -259,5 +252,5 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
         *descriptors(q, k, v, cfg), out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), left,
         right, GROUP=hq // k.shape[1], BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, KV_PIECES=cfg.kv_pieces, num_warps=4, **cfg.launch_options())
+        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, num_warps=4, **cfg.launch_options())
     return out, lse
