@@ -1,4 +1,4 @@
-"""The public functions. One path down: validate -> torch.ops.jfa.attention (jfa.op) -> a backend.
+"""The public functions. One path down: validate -> torch.ops.jfa.attention (jfa.op.attend) -> a backend.
 
 Layout: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, packed back to back; offsets ``[B+1]`` int32/int64.
 Visibility: key j of a sequence is visible to its query i when ``i' - left <= j <= i' + right`` with
@@ -12,7 +12,7 @@ import torch
 from . import checks, nested
 from .backends import select
 from .jagged import resolve_window
-from .op import attention as _attention_op
+from .op import attend
 
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
@@ -123,5 +123,5 @@ def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, back
     backend = select(backend, q.device, q.shape[2], q.dtype)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    out, lse = _attention_op(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
+    out, lse = attend(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
     return (out, lse) if return_lse else out

@@ -42,8 +42,8 @@ def test_broadcast_row_offsets_are_one_tensor_per_shape(monkeypatch):
     tensor call after call (a fresh one cost a 1.5-2 ms schedule build per call on the H200)."""
     import jfa.api
     seen = []
-    real = jfa.api._attention_op
-    monkeypatch.setattr(jfa.api, "_attention_op", lambda q, k, v, qo, *rest: seen.append(qo) or real(q, k, v, qo, *rest))
+    real = jfa.api.attend
+    monkeypatch.setattr(jfa.api, "attend", lambda q, k, v, qo, *rest: seen.append(qo) or real(q, k, v, qo, *rest))
     q, k, v = qkv(tq=3)
     jfa.broadcast_attention(q, k, v, OFF, backend="reference")
     jfa.broadcast_attention(q * 2, k, v, OFF.clone(), backend="reference")

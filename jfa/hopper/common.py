@@ -17,6 +17,8 @@ phase flipped (a fresh barrier passes a wait on phase 1). Producer and consumers
 (No ``from __future__ import annotations`` in a module that defines an aggregate: its fields' annotations must
 be types, which the aggregate checks values against.)
 """
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -41,9 +43,15 @@ def tma_descriptor(x: torch.Tensor, block_rows: int, block_cols: int = 0):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     d = x.shape[2]
     x2 = x.reshape(x.shape[0], x.shape[1] * d)
-    box = [block_rows, block_cols or d]
-    layout = gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPES[x.dtype])
-    return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), box, layout)
+    box = (block_rows, block_cols or d)
+    return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), list(box), _box_layout(box, x.dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _box_layout(box, dtype):
+    """The shared-memory layout of a TMA box (a pure function of its shape and dtype, cached: every launch builds
+    its descriptors, and computing the layout was a quarter of their host time)."""
+    return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPES[dtype])
 
 
 def aligned(*tensors):
