@@ -10,8 +10,9 @@ PyTorch loses in bf16). For the output and each of dq, dk, dv the provider passe
 (FA4's rule: at most twice PyTorch's own error plus one rounding step), with no NaN. A provider that fails
 is reported ``"correct": false`` and not timed. To keep the reference fast the gate checks a prefix of the
 batch: the first n sequences with sum(Hq * Lq * Lk) <= GATE_BUDGET, at most GATE_SEQS of them (always at least
-one sequence; the skewed workloads' first sequence is the longest), recorded as ``check.seqs`` of ``check.batch``. The provider itself
-runs on the whole batch, with the upstream gradient zeroed past the prefix (see ``check``).
+one sequence; the skewed workloads' first sequence is the longest), recorded as ``check.seqs`` of
+``check.batch``. The provider itself runs on the whole batch, with the upstream gradient zeroed past the prefix
+(see ``check``).
 
 Timing: triton.testing.do_bench (median, p20, p80) of the forward and of forward+backward on CUDA;
 backward = (forward+backward) - forward. On the CPU (smoke run) a plain perf_counter loop.

@@ -39,10 +39,11 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     through the shared memory the third stage would take (short-128 1.03 -> 0.94 ms, self-full-512 1.67 -> 1.45,
     session 8; D=64: d64-uniform-512 0.91-0.93 -> 0.81-0.86, pma-32-d64 0.342 -> 0.335, session 9), else 3
     stages (+3-12% over 2, session 3; self-skewed-8k 2.62 vs 2.70-2.85 with the short form, targets-32 0.61 vs
-    0.63, pma-64 0.570 vs 0.580). Tried and lost: a second Q buffer for the next item, and each short block's K/V
-    loaded as two 64-row boxes, the second only where it holds keys (within noise and -3%, session 9); ping-pong of the two consumers (+-3%),
-    prefetching the next item's bookkeeping (+-3%), pairs of heads per tile for short query blocks (+4% on pma-64
-    only) (sessions 3-4), O's rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8)."""
+    0.63, pma-64 0.570 vs 0.580). Tried and lost: ping-pong of the two consumers (+-3%), prefetching the next item's
+    bookkeeping (+-3%), pairs of heads per tile for short query blocks (+4% on pma-64 only) (sessions 3-4), O's
+    rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8), a second Q buffer for the next
+    item (no effect), each short block's K/V as two 64-row boxes, the second only where it holds keys (short-128
+    -3.5%) (session 9)."""
     consumers = 1 if head_dim <= 64 else 2
     if mean_kv_len <= SHORT_KV:
         return FwdConfig(consumers=consumers, stages=2, coalesced_store=True)
