@@ -1,0 +1,99 @@
+"""Host (CPU) time per call of jfa's forward on suite workloads (bf16, an sm_90 GPU): what a call costs before
+its kernels run, which do_bench counts whenever it exceeds the GPU time (short batches).
+
+    python benchmarks/host_time.py [--only NAME,...] [--calls 300] [--profile]
+
+Per workload, for each layer of the call (the public function as `jfa bench` calls it, with and without grad;
+jfa.hopper.forward alone; its TMA descriptors; the schedule cache's refresh launch; its output allocations):
+"issue" = CPU time per call over `calls` calls issued without a sync, "wall" = the same until the GPU is done
+(issue ~ wall: the loop is host-bound). --profile adds cProfile's top functions of the public call.
+"""
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from jfa import hopper
+from jfa.api import _broadcast_row_offsets
+from jfa.bench import providers, suite
+from jfa.hopper import fwd
+from jfa.hopper.config import query_tile_schedule, select_fwd
+from jfa.jagged import resolve_window
+from jfa.runtime import num_sms
+from jfa.schedule import CACHE
+
+
+def per_call_us(fn, calls):
+    """(issue, wall) microseconds per call."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def layers(inp):
+    """name -> fn: the forward's host work, from the public call down."""
+    w = inp.workload
+    public, _ = providers.Jfa().build(inp)
+    left, right = resolve_window(False, tuple(w.window))
+    q, k, v = (t.detach() for t in inp.leaves())
+    batch = inp.kv_offsets.numel() - 1
+    q_offsets = (_broadcast_row_offsets(batch, q.shape[0], inp.kv_offsets.dtype, q.device) if w.broadcast
+                 else inp.q_offsets)
+    cfg = select_fwd(q.shape[2], k.shape[0] / batch)
+    rows = batch * q.shape[0] if w.broadcast else q.shape[0]
+    spec = query_tile_schedule(rows, q.shape[1], cfg.block_m, left, right, num_sms(q.device) * cfg.ctas_per_sm)
+
+    def no_grad():
+        with torch.no_grad():
+            return public()
+
+    return {
+        "public call, grad": public,
+        "public call, no_grad": no_grad,
+        "jfa.hopper.forward": lambda: hopper.forward(q, k, v, q_offsets, inp.kv_offsets, inp.scale, left, right,
+                                                     w.broadcast),
+        "TMA descriptors x3": lambda: fwd.descriptors(q, k, v, cfg),
+        "schedule cache get": lambda: CACHE.get(q_offsets, inp.kv_offsets, spec, k.shape[0]),
+        "torch.empty x2": lambda: (torch.empty(rows, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device),
+                                   torch.empty(q.shape[1], rows, dtype=torch.float32, device=q.device)),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="pma-32-d64,targets-32", help="comma-separated suite workloads")
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--profile", action="store_true", help="cProfile of the public call, top 20 by own time")
+    args = p.parse_args(argv)
+    _, workloads = suite.load_suite()
+    for w in (w for w in workloads if w.name in args.only.split(",")):
+        inp = suite.make_inputs(w, device="cuda", dtype=torch.bfloat16)
+        fns = layers(inp)
+        for name, fn in fns.items():
+            issue, wall = per_call_us(fn, args.calls)
+            print(f"{w.name:18s} {name:22s} issue {issue:7.1f} us/call  wall {wall:7.1f} us/call", flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                fns["public call, grad"]()
+            prof.disable()
+            torch.cuda.synchronize()
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
+            print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
