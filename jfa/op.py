@@ -5,6 +5,10 @@ The public functions reach it through ``Attention``, a plain autograd.Function a
 autograd registration (kept for callers of torch.ops.jfa.attention and for torch.compile) costs more host time
 per call in eager mode, which short batches feel directly (H200 host, a forward with grad, issue time per call
 with the cached box layouts of jfa.hopper.common: targets-32 621 -> 357 us, pma-32-d64 569 -> 549; session 9).
+In eager mode with plain tensors and no dispatch mode active, ``Attention`` also calls the op's implementation
+(the backend) itself rather than through the op's dispatcher, which costs ~70 us per call on its own (this
+repo's 2-core CPU machine, a stub backend; session 10); a dispatch mode (FlopCounterMode, fake tensors) or a
+tensor subclass still sees the op.
 """
 from __future__ import annotations
 
@@ -12,17 +16,20 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .backends import BACKENDS
 
 
-@torch.library.custom_op("jfa::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float,
-              window_left: int, window_right: int, broadcast: bool, backend: str,
-              deterministic: bool) -> tuple[Tensor, Tensor]:
+def forward_impl(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float,
+                 window_left: int, window_right: int, broadcast: bool, backend: str,
+                 deterministic: bool) -> tuple[Tensor, Tensor]:
     """-> (out [rows, Hq, D], lse [Hq, rows]); rows = Tq, or B * Lq in broadcast mode. deterministic only
     concerns the backward."""
     return BACKENDS[backend].forward(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast)
+
+
+attention = torch.library.custom_op("jfa::attention", forward_impl, mutates_args=())
 
 
 def _rows(q, kv_offsets, broadcast):
@@ -35,19 +42,25 @@ def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcas
     return q.new_empty(rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], rows, dtype=torch.float32)
 
 
-@torch.library.custom_op("jfa::attention_backward", mutates_args=())
-def attention_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                       lse: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float, window_left: int,
-                       window_right: int, broadcast: bool, backend: str,
-                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                  q_offsets: Tensor, kv_offsets: Tensor, scale: float, window_left: int, window_right: int,
+                  broadcast: bool, backend: str, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     return BACKENDS[backend].backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left,
                                       window_right, broadcast, deterministic=deterministic)
+
+
+attention_backward = torch.library.custom_op("jfa::attention_backward", backward_impl, mutates_args=())
 
 
 @attention_backward.register_fake
 def _(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend,
       deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _dispatch_free(*tensors) -> bool:
+    """Whether Attention may run the op's implementation without the op: plain tensors, no dispatch mode."""
+    return not is_in_torch_dispatch_mode() and all(t is None or type(t) is Tensor for t in tensors)
 
 
 def _setup_context(ctx, inputs, output):
@@ -61,7 +74,10 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = attention_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.attrs)
+    backward_op = attention_backward
+    if getattr(ctx, "dispatch_free", False) and _dispatch_free(dout, dlse):
+        backward_op = backward_impl
+    dq, dk, dv = backward_op(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.attrs)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -76,7 +92,9 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic):
         ctx.set_materialize_grads(False)
-        out, lse = attention(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
+        ctx.dispatch_free = _dispatch_free(q, k, v, q_offsets, kv_offsets)
+        forward_op = forward_impl if ctx.dispatch_free else attention
+        out, lse = forward_op(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
         _setup_context(ctx, (q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic),
                        (out, lse))
         return out, lse

@@ -1,5 +1,7 @@
 """The custom op: torch.library.opcheck (schema, fake tensors, autograd registration) and
 torch.compile(fullgraph=True) through forward and backward."""
+import contextlib
+
 import pytest
 import torch
 
@@ -45,3 +47,36 @@ def test_compile_fullgraph_forward_backward(backend):
         grads[name] = (loss.detach(), *torch.autograd.grad(loss, inputs))
     for a, b in zip(grads["eager"], grads["compiled"]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that records the ops it sees and runs them unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_eager_path_with_and_without_dispatch_mode(broadcast):
+    """Eager calls run the op's implementation directly (jfa.op.Attention); with a dispatch mode active they go
+    through jfa::attention and jfa::attention_backward, which the mode sees. Same values and gradients both ways."""
+    case = (make_case(kv_lens=[7, 0, 18], q_lens=None, broadcast_lq=5) if broadcast
+            else make_case([3, 0, 17], causal=True, hq=4, hkv=2))
+    fn = jfa.broadcast_attention if broadcast else jfa.jagged_attention
+    offsets = (case.kv_offsets, ) if broadcast else (case.q_offsets, )
+    results = []
+    for mode in (None, _Recorder()):
+        q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+        with mode if mode is not None else contextlib.nullcontext():
+            out = fn(q, k, v, *offsets, causal=not broadcast, backend="reference")
+            grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+        if mode is not None:
+            assert "jfa.attention.default" in mode.ops and "jfa.attention_backward.default" in mode.ops
+        results.append((out.detach(), *grads))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
