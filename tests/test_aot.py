@@ -52,7 +52,8 @@ def test_register_spills_within_budget(reports):
 # spill-free 32-row blocks, docs/perf-notes.md); every other Hopper kernel must not spill. The budget is what it
 # compiles to now: more means a change moved registers around, which cost the kernel before (perf-notes).
 HOPPER_WGMMA = {("hopper_fwd", 64): 24, ("hopper_fwd", 128): 64, ("hopper_dkdv", 64): 96, ("hopper_dkdv", 128): 144,
-                ("hopper_dq", 64): 32, ("hopper_dq", 128): 40, ("hopper_bwd", 64): 144, ("hopper_bwd", 128): 192}
+                ("hopper_dq", 64): 32, ("hopper_dq", 128): 40, ("hopper_bwd", 64): 144, ("hopper_bwd", 128): 192,
+                ("hopper_fwd", 128, "short-tile"): 24}
 # The one-pass backward (hopper_bwd) spills too: at D=64 the 1-warp producer (24 registers) around its LSE/Delta
 # loads, at D=128 the consumers' loop scalars (dK, dV, dQ accumulators and S^T take 160 of 240 registers).
 HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 80, ("hopper_bwd", 128): 810}
@@ -66,10 +67,13 @@ from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd, producer_loop_
 rows = []
 for d in (64, 128):
     for broadcast in (False, True):
-        for r in (compile_fwd(d, torch.bfloat16, broadcast), compile_fwd(d, torch.bfloat16, broadcast, 64),
-                  compile_dkdv(d, torch.bfloat16, broadcast), compile_dq(d, torch.bfloat16, broadcast),
-                  compile_dkdv(d, torch.bfloat16, broadcast, True)):
-            rows.append(dict(kernel=r.kernel, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
+        forms = [("long", compile_fwd(d, torch.bfloat16, broadcast)),
+                 ("short", compile_fwd(d, torch.bfloat16, broadcast, 300)),
+                 ("short-tile", compile_fwd(d, torch.bfloat16, broadcast, 64))]
+        for form, r in forms + [("", compile_dkdv(d, torch.bfloat16, broadcast)),
+                                ("", compile_dq(d, torch.bfloat16, broadcast)),
+                                ("", compile_dkdv(d, torch.bfloat16, broadcast, True))]:
+            rows.append(dict(kernel=r.kernel, form=form, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
                              vec_stores=r.ptx.count("st.global.v4"),
                              tma=r.ptx.count("cp.async.bulk.tensor"), regs=r.registers, spill=r.spill_bytes,
                              setmaxnreg=r.ptx.count("setmaxnreg"), atomics=r.ptx.count("atom.global"),
@@ -91,7 +95,8 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
     assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv", "hopper_dq", "hopper_bwd"}
     for r in hopper_reports:
         key = (r["kernel"], r["d"])
-        assert r["wgmma"] == HOPPER_WGMMA[key] and r["tma"] > 0 and r["regs"] <= 255, r
+        assert r["wgmma"] == HOPPER_WGMMA.get(key + (r["form"], ), HOPPER_WGMMA[key]) and r["tma"] > 0, r
+        assert r["regs"] <= 255, r
         assert r["spill"] <= HOPPER_SPILL_BUDGET.get(key, 0), r
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"
         assert r["producer_ok"], f"{r}: the TMA producer's K/V loop bounds are not recomputed per item"
@@ -101,10 +106,10 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
 
 
 def test_hopper_forward_for_short_sequences_stores_o_in_16_byte_pieces(hopper_reports):
-    """At D=128 the forward has two forms by mean key length (jfa.hopper.config.select_fwd); the short one (2 K/V
-    stages) stores O in 16-byte vectors, the long one (3 stages) has no room for the layout conversion."""
+    """At D=128 the forward has three forms by mean key length (jfa.hopper.config.select_fwd); the short ones (2 K/V
+    stages) store O in 16-byte vectors, the long one (3 stages) has no room for the layout conversion."""
     fwd128 = [r for r in hopper_reports if r["kernel"] == "hopper_fwd" and r["d"] == 128]
-    assert len(fwd128) == 4 and sorted(r["vec_stores"] > 0 for r in fwd128) == [False, False, True, True], fwd128
+    assert len(fwd128) == 6 and all((r["vec_stores"] > 0) == (r["form"] != "long") for r in fwd128), fwd128
 
 
 def test_schedule_kernel_compiles_for_sm90():

@@ -34,13 +34,14 @@ def test_hopper_backend(mode, dtype, d):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("short", [True, False], ids=["short-form", "long-form"])
+@pytest.mark.parametrize("form", ["short-tile", "short", "long"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_hopper_forward_forms(mode, short, monkeypatch):
-    """Both D=128 forward forms (jfa.hopper.config.select_fwd picks one by the batch's mean key length), whatever
+def test_hopper_forward_forms(mode, form, monkeypatch):
+    """Every D=128 forward form (jfa.hopper.config.select_fwd picks one by the batch's mean key length), whatever
     the lengths of the test batch: every mode against the reference."""
     from jfa.hopper import config
-    monkeypatch.setattr(config, "SHORT_KV", float("inf") if short else -1.0)
+    monkeypatch.setattr(config, "SHORT_TILE_KV", float("inf") if form == "short-tile" else -1.0)
+    monkeypatch.setattr(config, "SHORT_KV", float("inf") if form == "short" else -1.0)
     case = _case(mode, 128)
     out, lse, grads = run_backend(case, "hopper")
     failures = compare(case, out, lse, grads)

@@ -44,6 +44,8 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8), a second Q buffer for the next
     item (no effect), each short block's K/V as two 64-row boxes, the second only where it holds keys (short-128
     -3.5%) (session 9)."""
+    if head_dim > 64 and mean_kv_len <= SHORT_TILE_KV:  # EXPERIMENT (exp/session10, untimed): see SHORT_TILE_KV
+        return FwdConfig(consumers=1, block_n=64, stages=2, coalesced_store=True)
     consumers = 1 if head_dim <= 64 else 2
     if mean_kv_len <= SHORT_KV:
         return FwdConfig(consumers=consumers, stages=2, coalesced_store=True)
@@ -53,6 +55,10 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
 # mean keys per sequence: the short form won at 63-513 (8-13%), was mixed at 1,030-1,070 (gqa-uniform-2k -2%,
 # causal-skewed-4k even, targets-32 +3%) and lost above (docs/perf-notes.md, session 8)
 SHORT_KV = 768
+# EXPERIMENT (exp/session10, untimed): up to this mean key length D=128 takes 64-row tiles and 64-key blocks at two
+# CTAs per SM (0 spills at 128 registers, 90 KB of shared memory): two items in flight per SM, since the short
+# forward waits on per-item latency, not bytes (ncu, session 9)
+SHORT_TILE_KV = 128
 
 
 @dataclass(frozen=True)
