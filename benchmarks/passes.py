@@ -1,6 +1,7 @@
 """Time the hopper backend's parts apart on the suite (bf16, an sm_90 GPU): the schedule refresh on a cache hit
-and with a rebuild, the forward, Delta, the one-pass backward kernel, the deterministic backward's dK/dV and dQ
-passes, and each whole backward (Delta, zeroing, casts included).
+and with a rebuild, the forward, Delta, the one-pass backward kernel, the two-pass backward's dK/dV pass (without
+and with the direct dQ of single-key-tile sequences) and dQ pass (whole, and skipping those sequences), and each
+whole backward (Delta, zeroing, casts included).
 
     python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100]
 
@@ -16,7 +17,7 @@ from triton.testing import do_bench
 from jfa import hopper
 from jfa.bench import suite
 from jfa.hopper import bwd, bwd_dq
-from jfa.hopper.config import query_tile_schedule, select_fwd
+from jfa.hopper.config import DQ_DIRECT, DQ_REDUCE, query_tile_schedule, select_fwd
 from jfa.jagged import resolve_window
 from jfa.runtime import num_sms
 from jfa.schedule import CACHE
@@ -44,15 +45,20 @@ def parts(inp):
         sched.seen.fill_(-1)  # forget the offsets: the refresh rebuilds
         CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0])
 
-    return {"refresh (hit)": (lambda: CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0]), 0, None),
-            "refresh (rebuild)": (rebuild, 0, None),
-            "forward": (lambda: hopper.forward(q, k, v, *args), 1, "fwd"),
-            "delta": (lambda: bwd_delta(out, inp.dout, None, lse), 0, None),
-            "one pass": (lambda: bwd.dkdv(*bargs, dk, dv, dq32), 1, "bwd"),
-            "dkdv": (lambda: bwd.dkdv(*bargs, dk, dv), 4 / 5, "bwd"),
-            "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd"),
-            "backward (default)": (lambda: hopper.backward(*hargs), 1, "bwd"),
-            "backward (deterministic)": (lambda: hopper.backward(*hargs, deterministic=True), 1, "bwd")}
+    timed = {"refresh (hit)": (lambda: CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0]), 0, None),
+             "refresh (rebuild)": (rebuild, 0, None),
+             "forward": (lambda: hopper.forward(q, k, v, *args), 1, "fwd"),
+             "delta": (lambda: bwd_delta(out, inp.dout, None, lse), 0, None),
+             "one pass": (lambda: bwd.dkdv(*bargs, dk, dv, dq32, DQ_REDUCE), 1, "bwd"),
+             "dkdv": (lambda: bwd.dkdv(*bargs, dk, dv), 4 / 5, "bwd"),
+             "dkdv+direct dq": (lambda: bwd.dkdv(*bargs, dk, dv, dq, DQ_DIRECT), 1, "bwd"),
+             "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd"),
+             "dq (skip <= 128 keys)": (lambda: bwd_dq.dq_pass(*bargs, dq, skip_kv=128), 0, None),
+             "backward (default)": (lambda: hopper.backward(*hargs), 1, "bwd"),
+             "backward (deterministic)": (lambda: hopper.backward(*hargs, deterministic=True), 1, "bwd")}
+    if w.broadcast:  # broadcast q's dQ sums over the batch: no item has it whole
+        del timed["dkdv+direct dq"], timed["dq (skip <= 128 keys)"]
+    return timed
 
 
 def main(argv=None) -> int:

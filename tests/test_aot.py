@@ -53,10 +53,11 @@ def test_register_spills_within_budget(reports):
 # compiles to now: more means a change moved registers around, which cost the kernel before (perf-notes).
 HOPPER_WGMMA = {("hopper_fwd", 64): 24, ("hopper_fwd", 128): 64, ("hopper_dkdv", 64): 96, ("hopper_dkdv", 128): 144,
                 ("hopper_dq", 64): 32, ("hopper_dq", 128): 40, ("hopper_bwd", 64): 144, ("hopper_bwd", 128): 192,
-                ("hopper_fwd", 128, "short-tile"): 24}
+                ("hopper_dkdv_dq", 64): 144, ("hopper_dkdv_dq", 128): 192, ("hopper_fwd", 128, "short-tile"): 24}
 # The one-pass backward (hopper_bwd) spills too: at D=64 the 1-warp producer (24 registers) around its LSE/Delta
 # loads, at D=128 the consumers' loop scalars (dK, dV, dQ accumulators and S^T take 160 of 240 registers).
-HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 80, ("hopper_bwd", 128): 810}
+HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 80, ("hopper_bwd", 128): 810,
+                       ("hopper_dkdv_dq", 64): 80, ("hopper_dkdv_dq", 128): 1010}
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +65,19 @@ def hopper_reports():
     script = r"""
 import json, torch
 from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd, producer_loop_bounds_are_per_item
+from jfa.hopper.config import DQ_DIRECT, DQ_REDUCE
 rows = []
 for d in (64, 128):
     for broadcast in (False, True):
         forms = [("long", compile_fwd(d, torch.bfloat16, broadcast)),
                  ("short", compile_fwd(d, torch.bfloat16, broadcast, 300)),
                  ("short-tile", compile_fwd(d, torch.bfloat16, broadcast, 64))]
-        for form, r in forms + [("", compile_dkdv(d, torch.bfloat16, broadcast)),
-                                ("", compile_dq(d, torch.bfloat16, broadcast)),
-                                ("", compile_dkdv(d, torch.bfloat16, broadcast, True))]:
+        passes = [("", compile_dkdv(d, torch.bfloat16, broadcast)), ("", compile_dq(d, torch.bfloat16, broadcast)),
+                  ("", compile_dkdv(d, torch.bfloat16, broadcast, DQ_REDUCE))]
+        if not broadcast:  # (broadcast q's dQ is summed over the batch: never complete in one item)
+            passes += [("", compile_dkdv(d, torch.bfloat16, False, DQ_DIRECT)),
+                       ("skip", compile_dq(d, torch.bfloat16, False, skip_kv=128))]
+        for form, r in forms + passes:
             rows.append(dict(kernel=r.kernel, form=form, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
                              vec_stores=r.ptx.count("st.global.v4"),
                              tma=r.ptx.count("cp.async.bulk.tensor"), regs=r.registers, spill=r.spill_bytes,
@@ -88,11 +93,12 @@ print(json.dumps(rows))
 
 
 def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper_reports):
-    """The forward, the one-pass backward and the deterministic backward's dK/dV and dQ passes, D 64 and 128,
-    self and broadcast: warp-specialized (setmaxnreg), TMA loads, the pinned number of wgmma, spills within budget,
-    no atomics, dQ by TMA reduce-add in the one-pass kernel only, and the producer's loop bounds computed per
-    item."""
-    assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv", "hopper_dq", "hopper_bwd"}
+    """The forward, the one-pass backward and the two-pass backward's dK/dV (with and without the direct dQ of
+    single-key-tile sequences) and dQ passes, D 64 and 128, self and broadcast: warp-specialized (setmaxnreg), TMA
+    loads, the pinned number of wgmma, spills within budget, no atomics, dQ by TMA reduce-add in the one-pass kernel
+    only, and the producer's loop bounds computed per item."""
+    assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv", "hopper_dq", "hopper_bwd",
+                                                     "hopper_dkdv_dq"}
     for r in hopper_reports:
         key = (r["kernel"], r["d"])
         assert r["wgmma"] == HOPPER_WGMMA.get(key + (r["form"], ), HOPPER_WGMMA[key]) and r["tma"] > 0, r
@@ -103,6 +109,14 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
         assert r["atomics"] == 0, r
         assert (r["reduce"] > 0) == (r["kernel"] == "hopper_bwd"), r
         assert r["shared"] <= 232448, f"{r}: more shared memory than an H200 SM gives one CTA"
+
+
+def test_hopper_direct_dq_is_stored_in_16_byte_pieces(hopper_reports):
+    """The dK/dV kernel that also stores dQ (jfa.hopper.config.DQ_DIRECT) writes it in 16-byte vectors, as dK/dV."""
+    for d in (64, 128):
+        plain, direct = ([r for r in hopper_reports if r["kernel"] == k and r["d"] == d and not r["broadcast"]][0]
+                         for k in ("hopper_dkdv", "hopper_dkdv_dq"))
+        assert direct["vec_stores"] > plain["vec_stores"], (plain, direct)
 
 
 def test_hopper_forward_for_short_sequences_stores_o_in_16_byte_pieces(hopper_reports):

@@ -48,6 +48,25 @@ def test_hopper_forward_forms(mode, form, monkeypatch):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("route", ["none", "reduce", "direct"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_backward_routes(mode, d, route, monkeypatch):
+    """Every way the backward computes dQ (jfa.hopper.config.dq_route picks one by shape), whatever the lengths of
+    the test batch: the dQ pass alone, the one pass's reduce-adds, and the dK/dV pass storing the dQ of the
+    sequences whose keys fit its key tile with the dQ pass doing the rest (the batch mixes both kinds; not for
+    broadcast q, whose dQ sums over the batch)."""
+    from jfa.hopper import bwd, config
+    if route == "direct" and MODES[mode].get("broadcast_lq"):
+        pytest.skip("broadcast q never takes the direct route")
+    chosen = {"none": config.DQ_NONE, "reduce": config.DQ_REDUCE, "direct": config.DQ_DIRECT}[route]
+    monkeypatch.setattr(bwd, "dq_route", lambda *args: chosen)
+    case = _case(mode, d)
+    out, lse, grads = run_backend(case, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_hopper_deterministic_backward(mode, d):
@@ -94,9 +113,11 @@ def test_hopper_int64_offsets():
 
 def test_hopper_backward_is_deterministic():
     """deterministic=True: same inputs, same bits, run to run. GQA and broadcast are the cases where a reduction
-    could reorder (dK/dV over a GQA group, dQ over the batch)."""
-    for mode in ("gqa", "broadcast-causal-gqa"):
-        case = _case(mode, 128)
+    could reorder (dK/dV over a GQA group, dQ over the batch); "short" is a batch of at most 128 keys per sequence,
+    where the dK/dV pass stores some of dQ itself (jfa.hopper.config.DQ_DIRECT)."""
+    short = dict(q_lens=[0, 1, 2, 63, 64, 65, 127, 128, 129, 3], hq=8, hkv=2, causal=True)
+    for mode in ("gqa", "broadcast-causal-gqa", "short"):
+        case = make_case(**short, d=128, device="cuda", seed=1) if mode == "short" else _case(mode, 128)
         first = run_backend(case, "hopper", deterministic=True)
         again = run_backend(case, "hopper", deterministic=True)
         for a, b in zip((first[0], first[1]) + tuple(first[2]), (again[0], again[1]) + tuple(again[2])):

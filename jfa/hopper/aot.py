@@ -12,7 +12,7 @@ from triton.runtime.jit import mangle_type
 
 from ..triton.aot import Report, ptxas_report
 from . import bwd, bwd_dq, fwd
-from .config import select_dkdv, select_dq, select_fwd
+from .config import DQ_DIRECT, DQ_NONE, DQ_REDUCE, select_dkdv, select_dq, select_fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")
@@ -74,27 +74,30 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, mean_kv_len=
                     **cfg.launch_options())
 
 
-def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, one_pass=False) -> Report:
-    """The dK/dV kernel (jfa.hopper.bwd); one_pass: with dQ by TMA reduce-add (reported as hopper_bwd)."""
-    cfg = select_dkdv(head_dim, one_pass)
+def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, route=DQ_NONE) -> Report:
+    """The dK/dV kernel (jfa.hopper.bwd) with dQ by `route` (jfa.hopper.config): reported as hopper_dkdv (none),
+    hopper_bwd (the one pass, DQ_REDUCE) or hopper_dkdv_dq (DQ_DIRECT)."""
+    cfg = select_dkdv(head_dim, route)
     x = _host_tensor(head_dim, dtype)
     dq = _host_tensor(head_dim, torch.float32)
     names = ("q_desc", "do_desc", "k_desc", "v_desc", "dq_desc")
     descs = dict(zip(names, bwd.descriptors(x, x, x, x, cfg, dq)))
     constexprs = dict(GROUP=1, BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages, SERIAL=cfg.serial,
-                      BROADCAST=broadcast, ONE_PASS=one_pass, num_warps=4)
-    types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
-             "qk_scale": "fp32"}
-    return _compile("hopper_bwd" if one_pass else "hopper_dkdv", bwd.hopper_dkdv_kernel, descs, constexprs, types,
-                    head_dim, dtype)
+                      BROADCAST=broadcast, ONE_PASS=cfg.one_pass,
+                      DIRECT=route == DQ_DIRECT, num_warps=4)
+    types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "DQ": f"*{_TL[dtype]}", "LSE": "*fp32",
+             "DELTA": "*fp32", "scale": "fp32", "qk_scale": "fp32"}
+    name = {DQ_NONE: "hopper_dkdv", DQ_REDUCE: "hopper_bwd", DQ_DIRECT: "hopper_dkdv_dq"}[route]
+    return _compile(name, bwd.hopper_dkdv_kernel, descs, constexprs, types, head_dim, dtype)
 
 
-def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False) -> Report:
-    """The dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials."""
+def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False, skip_kv=0) -> Report:
+    """The dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials; skip_kv > 0: it skips the sequences
+    of at most that many keys (jfa.hopper.config.DQ_DIRECT)."""
     cfg = select_dq(head_dim)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, cfg)))
-    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, BROADCAST=broadcast, num_warps=4)
+    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, BROADCAST=broadcast, SKIP_KV=skip_kv, num_warps=4)
     types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
     return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, descs, constexprs, types, head_dim, dtype)

@@ -35,7 +35,7 @@ from ..triton.launch import bwd_delta, sum_broadcast_dq
 from .bwd_dq import dq_pass
 from .common import (WG_ROWS, Batch, ItemOperands, Ring, RowStats, Shape, WorkList, aggregate, aligned, store_rows,
                      tma_descriptor)
-from .config import DkdvConfig, key_tile_schedule, one_pass_backward, select_dkdv
+from .config import DQ_DIRECT, DQ_NONE, DQ_REDUCE, DkdvConfig, dq_route, key_tile_schedule, select_dkdv
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -43,39 +43,47 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 @aggregate
 class DkdvGrads:
-    """What the consumers read per row (LSE, Delta) and write per item (dK, dV), with the scales."""
+    """What the consumers read per row (LSE, Delta) and write per item (dK, dV) and, with DQ_DIRECT, per block
+    (dQ), with the scales."""
     DK: gl.tensor
     DV: gl.tensor
+    DQ: gl.tensor
     LSE: gl.tensor
     DELTA: gl.tensor
     stride_dkt: gl.tensor
     stride_dkh: gl.tensor
     stride_dvt: gl.tensor
     stride_dvh: gl.tensor
+    stride_dqt: gl.tensor
+    stride_dqh: gl.tensor
     stride_lh: gl.tensor
     scale: gl.tensor
     qk_scale: gl.tensor
 
     @constexpr_function
-    def __init__(self, DK, DV, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, scale,
-                 qk_scale):
+    def __init__(self, DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+                 stride_lh, scale, qk_scale):
         self.DK = DK
         self.DV = DV
+        self.DQ = DQ
         self.LSE = LSE
         self.DELTA = DELTA
         self.stride_dkt = stride_dkt
         self.stride_dkh = stride_dkh
         self.stride_dvt = stride_dvt
         self.stride_dvh = stride_dvh
+        self.stride_dqt = stride_dqt
+        self.stride_dqh = stride_dqh
         self.stride_lh = stride_lh
         self.scale = scale
         self.qk_scale = qk_scale
 
     @gluon.jit
-    def create(DK, DV, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, scale, qk_scale):
-        return DkdvGrads(DK, DV, LSE, DELTA, gl.to_tensor(stride_dkt), gl.to_tensor(stride_dkh),
-                         gl.to_tensor(stride_dvt), gl.to_tensor(stride_dvh), gl.to_tensor(stride_lh), scale,
-                         qk_scale)
+    def create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+               stride_lh, scale, qk_scale):
+        return DkdvGrads(DK, DV, DQ, LSE, DELTA, gl.to_tensor(stride_dkt), gl.to_tensor(stride_dkh),
+                         gl.to_tensor(stride_dvt), gl.to_tensor(stride_dvh), gl.to_tensor(stride_dqt),
+                         gl.to_tensor(stride_dqh), gl.to_tensor(stride_lh), scale, qk_scale)
 
 
 @gluon.jit
@@ -179,12 +187,13 @@ def _dq_chunk(it, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs_n, batch, WG: gl.constexpr,
-                    BLOCK_M: gl.constexpr, MASKED: gl.constexpr):
+def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs_n, batch, i_h, want_dq,
+                    WG: gl.constexpr, BLOCK_M: gl.constexpr, MASKED: gl.constexpr, DIRECT: gl.constexpr):
     """_dkdv_block's MMAs one after another with P^T, then dS^T, in shared memory (the A operands of dV's and
     dK's MMAs), and the block's dQ = dS K: both consumers' dS^T (each over its 64 keys) feed each DQ_COLS-column
-    chunk, computed by its owner (jfa.hopper.dq_reduce) and handed to the writer warp. MASKED also zeroes keys
-    past the sequence's end (they would reach dQ)."""
+    chunk, computed by its owner (jfa.hopper.dq_reduce) and handed to the writer warp, or with DIRECT, where the
+    item holds every key of its sequence (want_dq), complete, stored by its owner (else the block computes no dQ:
+    the dQ pass does). MASKED also zeroes keys past the sequence's end (they would reach dQ)."""
     dtype: gl.constexpr = kv_ops.a.dtype
     k_buf = kv_ops.a.index(WG)
     v_buf = kv_ops.b.index(WG)
@@ -213,7 +222,15 @@ def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs
     ds_buf.store((pt * (done[1] - gl.expand_dims(delta, 0))).to(dtype))
     fence_async_shared()
     stage.publish_ds(it)
-    if stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
+    if DIRECT:  # dK first; dQ (if this item has it) after, stored in place: chunk WG, or every other block at D=64
+        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+        if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):
+            C: gl.constexpr = WG if stage.CHUNKS == 2 else 0
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, C, kv_ops, stage, BLOCK_M), ))
+            store_rows(grads.DQ + i_h * grads.stride_dqh + C * DQ_COLS, grads.stride_dqt,
+                       (dq * grads.scale).to(dtype), m0, tile.q_start, tile.q_len)
+        stage.free_ds(it)
+    elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
         dq = _dq_chunk(it, WG, kv_ops, stage, BLOCK_M)
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
@@ -231,7 +248,7 @@ def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs
 
 
 @gluon.jit
-def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, stats, stage):
+def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, stats, stage, DIRECT: gl.constexpr):
     dtype: gl.constexpr = kv_ops.a.dtype
     HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
@@ -261,6 +278,7 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                                            BLOCK_M, WG_ROWS)
             if ONE_PASS:  # keys past the sequence's end reach dQ: their blocks take the mask
                 j_hi = gl.where(k0 + WG_ROWS > tile.kv_len, j_lo, j_hi)
+            want_dq = tile.kv_len <= shape.BLOCK_N  # DIRECT: this item holds every key of its sequence
             for g in range(shape.GROUP):
                 i_h = tile.head * shape.GROUP + g
                 for seg in gl.static_range(3):
@@ -269,7 +287,8 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                     for j in range(begin, end_j):
                         if ONE_PASS:
                             dk, dv = _one_pass_block(tile.lo + j * BLOCK_M, it, dk, dv, kv_ops, qdo, stats, stage,
-                                                     grads, tile, offs_n, batch, WG, BLOCK_M, seg != 1)
+                                                     grads, tile, offs_n, batch, i_h, want_dq, WG, BLOCK_M, seg != 1,
+                                                     DIRECT)
                         else:
                             dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, qdo, grads, i_h,
                                                  tile, offs_n, batch, BLOCK_M, seg != 1, shape.SERIAL)
@@ -283,70 +302,85 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
 
 
 @gluon.jit
-def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, LSE, DELTA, q_offsets, kv_offsets, tiles,
-                       order, sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
-                       tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
+def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles,
+                       order, sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+                       stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                        BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, SERIAL: gl.constexpr,
-                       BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, num_warps: gl.constexpr):
-    """ONE_PASS: dQ too, through the writer warp into dq_desc's float32 accumulator (else dq_desc is unused), and
-    the rows' LSE and Delta through shared memory (RowStats)."""
+                       BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
+                       num_warps: gl.constexpr):
+    """ONE_PASS: dQ too (DkdvConfig.one_pass), with the rows' LSE and Delta through shared memory (RowStats):
+    through the writer warp into dq_desc's float32 accumulator (DQ_REDUCE), or with DIRECT, only for the sequences
+    whose keys fit one item, stored into DQ (q's dtype) by the consumers (DQ_DIRECT). Else neither dq_desc nor DQ
+    is used."""
     shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, SERIAL, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads_kv)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
-    grads = DkdvGrads.create(DK, DV, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh, scale,
-                             qk_scale)
+    grads = DkdvGrads.create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
+                             stride_dqh, stride_lh, scale, qk_scale)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     if ONE_PASS:
         stats = RowStats.alloc(BLOCK_M, STAGES)
-        stage = DqStage.alloc(k_desc.dtype, dq_desc, k_desc.block_shape[1], 2, DQ_STAGES)
-        gl.warp_specialize([
-            (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads, stats, stage)),
-            (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads, stats, stage)),
-            (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)),
-            (dq_writer_partition, (shape, work, batch, dq_desc, stage)),
-        ], [4, 1, 1], [240, 24, 24])
+        stage = DqStage.alloc(k_desc.dtype, dq_desc, k_desc.block_shape[1], BLOCK_M, 2, DQ_STAGES, not DIRECT)
+        if DIRECT:
+            gl.warp_specialize([
+                (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads, stats, stage, True)),
+                (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads, stats, stage, True)),
+                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)),
+            ], [4, 1], [240, 24])
+        else:
+            gl.warp_specialize([
+                (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads, stats, stage, False)),
+                (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads, stats, stage, False)),
+                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)),
+                (dq_writer_partition, (shape, work, batch, dq_desc, stage)),
+            ], [4, 1, 1], [240, 24, 24])
     else:
         gl.warp_specialize([
-            (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads, None, None)),
-            (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads, None, None)),
+            (_dkdv_partition, (0, shape, work, batch, kv_ops, qdo, grads, None, None, False)),
+            (_dkdv_partition, (1, shape, work, batch, kv_ops, qdo, grads, None, None, False)),
             (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, None)),
         ], [4, 1], [240, 24])
 
 
 def descriptors(q, dout, k, v, cfg: DkdvConfig, dq=None):
-    """TMA descriptors: q and dO in block_m-row boxes, k and v in WG_ROWS-row boxes (one per consumer); one-pass:
+    """TMA descriptors: q and dO in block_m-row boxes, k and v in WG_ROWS-row boxes (one per consumer); DQ_REDUCE:
     the float32 dQ accumulator in [block_m, DQ_COLS] boxes (else k's stands in, unused)."""
     rows = WG_ROWS.value
     k_desc = tma_descriptor(k, rows)
-    dq_desc = tma_descriptor(dq, cfg.block_m, DQ_COLS.value) if cfg.one_pass else k_desc
+    dq_desc = tma_descriptor(dq, cfg.block_m, DQ_COLS.value) if cfg.dq == DQ_REDUCE else k_desc
     return (tma_descriptor(q, cfg.block_m), tma_descriptor(dout, cfg.block_m), k_desc, tma_descriptor(v, rows),
             dq_desc)
 
 
-def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv, dq=None):
-    """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and with dq (float32, zeroed) dQ added into it in
-    the same pass: rows as dout's, or in broadcast mode one slab of Lq rows per CTA (num_sms of them)."""
-    cfg = select_dkdv(q.shape[2], one_pass=dq is not None)
+def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv, dq=None,
+         route=DQ_NONE):
+    """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and dQ by `route` (jfa.hopper.config): DQ_REDUCE,
+    added into dq (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode one slab of Lq rows per
+    CTA (num_sms of them); DQ_DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile."""
+    cfg = select_dkdv(q.shape[2], route)
     sms = num_sms(q.device)
     dq_rows = dout.shape[0]  # the query side's rows (B * Lq in broadcast mode)
     spec = key_tile_schedule(k.shape[0], k.shape[1], cfg, left, right, sms)
     sched = CACHE.get(kv_offsets, q_offsets, spec, dq_rows)
     q, dout, k, v = aligned(q, dout, k, v)
+    dq_out = dq if route == DQ_DIRECT else dk  # (dk stands in, unused)
     hopper_dkdv_kernel[(sms, )](
-        *descriptors(q, dout, k, v, cfg, dq), dk, dv, lse, delta, q_offsets, kv_offsets, sched.tiles,
-        sched.order, sched.sm_start, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-        sched.tiles.shape[1], k.shape[1], scale, scale * math.log2(math.e), left, right,
-        GROUP=q.shape[1] // k.shape[1], BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages,
-        SERIAL=cfg.serial, BROADCAST=broadcast, ONE_PASS=cfg.one_pass, num_warps=4)
+        *descriptors(q, dout, k, v, cfg, dq), dk, dv, dq_out, lse, delta, q_offsets, kv_offsets, sched.tiles,
+        sched.order, sched.sm_start, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_out.stride(0),
+        dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], scale, scale * math.log2(math.e), left,
+        right, GROUP=q.shape[1] // k.shape[1], BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages,
+        SERIAL=cfg.serial, BROADCAST=broadcast, ONE_PASS=cfg.one_pass, DIRECT=cfg.dq == DQ_DIRECT,
+        num_warps=4)
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
              deterministic=False):
-    """-> (dq, dk, dv) as jfa.triton.launch.backward: Delta, then one pass for dK, dV and dQ (dQ reduce-added
-    into float32; in broadcast mode one slab per CTA, summed afterwards) where jfa.hopper.config.one_pass_backward
-    says so, else (and always with `deterministic`) the dK/dV pass and the dQ pass (jfa.hopper.bwd_dq), no
-    atomics: the same bits run to run."""
+    """-> (dq, dk, dv) as jfa.triton.launch.backward: Delta, then by jfa.hopper.config.dq_route one pass for dK,
+    dV and dQ (DQ_REDUCE: dQ reduce-added into float32; in broadcast mode one slab per CTA, summed afterwards), or
+    the dK/dV pass and the dQ pass (jfa.hopper.bwd_dq), no atomics, the same bits run to run (always with
+    `deterministic`), the first storing the dQ of sequences whose keys fit its key tile (DQ_DIRECT) and the second
+    the rest."""
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -356,19 +390,17 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     delta = bwd_delta(out, dout, dlse, lse)
     args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
-    one_pass = (not deterministic and rows > 0 and k.shape[0] > 0
-                and one_pass_backward(q.shape[2], broadcast, k.shape[0] / batch))
-    if one_pass and broadcast:  # one slab of Lq rows per CTA, summed afterwards
+    route = dq_route(q.shape[2], broadcast, k.shape[0] / batch, deterministic)
+    if route == DQ_REDUCE and broadcast:  # one slab of Lq rows per CTA, summed afterwards
         batch = num_sms(q.device)
         rows = batch * q.shape[0]
-    dq_dtype = torch.float32 if broadcast or one_pass else q.dtype
+    dq_dtype = torch.float32 if broadcast or route == DQ_REDUCE else q.dtype
+    # zeroed: the rows of queries that see no key are written by no kernel
     dq = torch.zeros(rows, q.shape[1], q.shape[2], device=q.device, dtype=dq_dtype)
-    if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query saw nothing
-        return sum_broadcast_dq(dq, q, batch, broadcast), dk, dv
-    if one_pass:
-        dkdv(*args, dk, dv, dq)
-    else:
-        dkdv(*args, dk, dv)
-        if rows > 0:
-            dq_pass(*args, dq)
+    if k.shape[0] == 0 or rows == 0:  # no keys anywhere (a TMA descriptor needs rows): every query saw nothing
+        return sum_broadcast_dq(dq, q, batch, broadcast), dk.zero_(), dv.zero_()
+    dkdv(*args, dk, dv, dq, route)
+    if route != DQ_REDUCE:
+        # DQ_DIRECT: the dK/dV pass stored the dQ of the sequences with at most its key tile of keys
+        dq_pass(*args, dq, skip_kv=select_dkdv(q.shape[2], route).block_n if route == DQ_DIRECT else 0)
     return sum_broadcast_dq(dq, q, batch, broadcast), dk, dv

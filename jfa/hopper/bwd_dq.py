@@ -8,7 +8,8 @@ tiles of 128 rows x heads on the forward's kind of schedule (at D=128 the very s
   dq (x2)   4 warps each: per K/V block, S = Q K^T and dP = dO V^T (wgmma), P = exp2(S - lse),
             dS = P (dP - Delta), dQ += dS K (wgmma, dS from registers). dQ is stored once per item.
 
-In broadcast mode it writes per-sequence float32 partials, summed over the batch afterwards.
+In broadcast mode it writes per-sequence float32 partials, summed over the batch afterwards. With SKIP_KV > 0 it
+skips the sequences of at most SKIP_KV keys, whose dQ the dK/dV pass stored (jfa.hopper.config.DQ_DIRECT).
 """
 import math
 
@@ -56,7 +57,7 @@ class DqGrads:
 
 
 @gluon.jit
-def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops, kv):
+def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops, kv, SKIP_KV: gl.constexpr):
     """(Q, dO) of both consumers per item, then its K/V blocks."""
     HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
     BLOCK_N: gl.constexpr = shape.BLOCK_N
@@ -65,7 +66,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
     first, end = work.bounds()
     for idx in range(first, end):
         tile = work.item(idx, batch, shape.BLOCK_M, BLOCK_N, False)
-        if tile.valid:
+        if tile.valid & (tile.kv_len > SKIP_KV):
             q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
             col = tile.head * HEAD_DIM
             qdo_ops.acquire(t)
@@ -83,7 +84,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
 
 
 @gluon.jit
-def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads):
+def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP_KV: gl.constexpr):
     dtype: gl.constexpr = qdo_ops.a.dtype
     HEAD_DIM: gl.constexpr = qdo_ops.a.shape[2]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
@@ -106,7 +107,7 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads):
     first, end = work.bounds()
     for idx in range(first, end):
         tile = work.item(idx, batch, BLOCK_M, BLOCK_N, False)
-        if tile.valid:
+        if tile.valid & (tile.kv_len > SKIP_KV):
             row0 = tile.start + WG * WG_ROWS
             q_len = tile.q_len
             n_blocks = gl.maximum(gl.cdiv(tile.hi - tile.lo, BLOCK_N), 0)
@@ -156,7 +157,7 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads):
 def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start,
                      stride_dqt, stride_dqh, stride_lh, tile_capacity, heads, scale, qk_scale, LEFT, RIGHT,
                      GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     SKIP_KV: gl.constexpr, num_warps: gl.constexpr):
     shape = Shape(GROUP, 2 * WG_ROWS, BLOCK_N, 2, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
@@ -164,9 +165,9 @@ def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets,
     kv = Ring.alloc(k_desc, v_desc, STAGES, 2, False)
     grads = DqGrads.create(DQ, LSE, DELTA, stride_dqt, stride_dqh, stride_lh, scale, qk_scale)
     gl.warp_specialize([
-        (_dq_partition, (0, shape, work, batch, qdo_ops, kv, grads)),
-        (_dq_partition, (1, shape, work, batch, qdo_ops, kv, grads)),
-        (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops, kv)),
+        (_dq_partition, (0, shape, work, batch, qdo_ops, kv, grads, SKIP_KV)),
+        (_dq_partition, (1, shape, work, batch, qdo_ops, kv, grads, SKIP_KV)),
+        (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops, kv, SKIP_KV)),
     ], [4, 1], [232, 40])
 
 
@@ -177,8 +178,9 @@ def descriptors(q, dout, k, v, cfg: DqConfig):
             tma_descriptor(v, cfg.block_n))
 
 
-def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dq):
-    """The dQ pass into dq (k has rows; float32 per-sequence partials in broadcast mode)."""
+def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dq, skip_kv=0):
+    """The dQ pass into dq (k has rows; float32 per-sequence partials in broadcast mode), but for the sequences of
+    at most skip_kv keys."""
     cfg = select_dq(q.shape[2])
     sms = num_sms(q.device)
     spec = query_tile_schedule(dq.shape[0], q.shape[1], cfg.block_m, left, right, sms)
@@ -188,4 +190,4 @@ def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right
         *descriptors(q, dout, k, v, cfg), dq, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order,
         sched.sm_start, dq.stride(0), dq.stride(1), lse.stride(0), sched.tiles.shape[1], q.shape[1], scale,
         scale * math.log2(math.e), left, right, GROUP=q.shape[1] // k.shape[1], BLOCK_N=cfg.block_n,
-        STAGES=cfg.stages, BROADCAST=broadcast, num_warps=4)
+        STAGES=cfg.stages, BROADCAST=broadcast, SKIP_KV=skip_kv, num_warps=4)

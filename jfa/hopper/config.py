@@ -61,37 +61,56 @@ SHORT_KV = 768
 SHORT_TILE_KV = 128
 
 
+# How the dK/dV kernel treats dQ (DkdvConfig.dq; jfa.hopper.bwd):
+DQ_NONE = 0  # not at all: the dQ pass computes it
+DQ_REDUCE = 1  # the one pass: dQ too, by TMA reduce-add into float32 from a writer warp (jfa.hopper.dq_reduce)
+DQ_DIRECT = 2  # for sequences whose keys fit one key tile (their dQ is complete there), stored in q's dtype; the
+# dQ pass skips those sequences and computes the rest
+
+
 @dataclass(frozen=True)
 class DkdvConfig:
     block_m: int = 64  # query rows per (Q, dO) block
     serial: bool = False  # S^T, dV, dP^T, dK one after another (fewer live registers), else S^T and dP^T together
     stages: int = 3  # (Q, dO) ring depth
     block_n: int = 2 * WG  # keys per item: one WG block per consumer
-    one_pass: bool = False  # dQ too, by TMA reduce-add from a writer warp (jfa.hopper.dq_reduce)
-    dq_stages: int = 1  # one-pass: float32 dQ chunks in flight per consumer
+    dq: int = DQ_NONE  # DQ_NONE, DQ_REDUCE or DQ_DIRECT
+    dq_stages: int = 1  # DQ_REDUCE: float32 dQ chunks in flight per consumer
+
+    @property
+    def one_pass(self) -> bool:
+        """The kernel computes dQ (some or all of it): P^T and dS^T through shared memory, LSE and Delta too."""
+        return self.dq != DQ_NONE
 
 
-def select_dkdv(head_dim: int, one_pass: bool = False) -> DkdvConfig:
-    """one_pass: the kernel also computes dQ (jfa.hopper.bwd; where: one_pass_backward).
+def select_dkdv(head_dim: int, dq: int = DQ_NONE) -> DkdvConfig:
+    """dq: how the kernel treats dQ (where: dq_route).
     Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
     test per block, session 5). D=128: serial, which spills (400 B now) and still beat 32-row blocks by 8-17%
     (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items
     (0.98-1.01x) (session 5)."""
-    if one_pass:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16 KB
-        # + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
-        return DkdvConfig(one_pass=True, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1)
+    if dq != DQ_NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16
+        # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
+        return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1)
     return DkdvConfig(serial=head_dim > 64)
 
 
-def one_pass_backward(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf")) -> bool:
-    """Whether the (non-deterministic) backward runs as one pass (dQ by TMA reduce-add) rather than the dK/dV and
-    dQ passes. Broadcast q at D=128 stays two passes: its one pass adds Lq x D float32 per key tile into dQ
-    (pma-256: 6.51 vs 5.81 ms, pma-64: 2.43 vs 2.37 ms); everywhere else one pass measured 0.96-1.18x (session
-    7, docs/perf-notes.md). Batches of at most 128 keys per sequence take the two passes too, where the float32
-    dQ's zero fill and cast are not paid back (short-128, whole backward, one pass / two passes: 3.50 / 3.37 ms
-    (session 7), 3.480 / 3.386 and 3.485 / 3.404 (session 8); main / this default in one call: 3.492 / 3.388 and
-    3.470 / 3.389 (session 9); at 256-1,034 keys one pass won by 5-18%)."""
-    return not (broadcast and head_dim > 64) and mean_kv_len > 128
+def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> int:
+    """How the backward computes dQ (the dK/dV kernel's DkdvConfig.dq; the dQ pass runs unless DQ_REDUCE).
+    DQ_REDUCE, the one pass (not deterministic: float32 adds in any order), except broadcast q at D=128, where it
+    reduce-adds Lq x D float32 into dQ per key tile (pma-256: 6.51 vs 5.81 ms, pma-64: 2.43 vs 2.37 ms); everywhere
+    else one pass measured 0.96-1.18x (session 7, docs/perf-notes.md). Batches of at most 128 keys per sequence
+    take two passes, where the float32 dQ's zero fill and cast are not paid back (short-128, whole backward, one
+    pass / two passes: 3.50 / 3.37 ms (session 7), 3.480 / 3.386 and 3.485 / 3.404 (session 8); main / this
+    default in one call: 3.492 / 3.388 and 3.470 / 3.389 (session 9); at 256-1,034 keys one pass won by 5-18%).
+    EXPERIMENT (exp/session10, untimed): there, and for deterministic batches as short, the dK/dV kernel stores the
+    dQ of the sequences whose keys fit its key tile (DQ_DIRECT: no float32, no adds) and the dQ pass skips them."""
+    short = mean_kv_len <= 128
+    if short and not broadcast:
+        return DQ_DIRECT
+    if deterministic or short or (broadcast and head_dim > 64):
+        return DQ_NONE
+    return DQ_REDUCE
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ through shared memory to a 1-warp writer partition that adds it into a float32 d
 reduce-adds (cp.reduce.async.bulk.tensor ... .add), so the MMA warpgroups never wait on global memory.
 
   DqStage    per consumer: dS^T (bf16/fp16, the operand of the dK and dQ MMAs) and a STAGES-deep ring of float32
-             [BLOCK_M, DQ_COLS] dQ chunks with full/empty barriers (count 1 each: one consumer, one writer)
+             [BLOCK_M, DQ_COLS] dQ chunks with full/empty barriers (count 1 each: one consumer, one writer); the
+             ring only where dQ is reduce-added (jfa.hopper.config.DQ_REDUCE)
   writer     1 warp: walks the same items and (Q, dO) blocks as the producer; per block and chunk, for both
              consumers in turn: wait full, reduce-add the chunk at (q_start + m0, head * D + chunk), wait until
              the TMA has read the shared memory, arrive empty.
@@ -55,24 +56,28 @@ class DqStage:
         self.CHUNKS = gl.constexpr(CHUNKS)
 
     @gluon.jit
-    def alloc(dtype: gl.constexpr, dq_desc, HEAD_DIM: gl.constexpr, CONSUMERS: gl.constexpr,
-              STAGES: gl.constexpr):
-        BLOCK_M: gl.constexpr = dq_desc.block_shape[0]
+    def alloc(dtype: gl.constexpr, dq_desc, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              CONSUMERS: gl.constexpr, STAGES: gl.constexpr, REDUCE: gl.constexpr):
+        """REDUCE: with the float32 chunk ring for the writer; else (dQ stored by the consumers themselves,
+        jfa.hopper.config.DQ_DIRECT) only dS^T and its barriers, and the ring's fields alias them, unused."""
         # rows of BLOCK_M = 64 16-bit elements: 128 bytes, the 128-byte swizzle
         ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         ds = gl.allocate_shared_memory(dtype, [2 * CONSUMERS, WG_ROWS, BLOCK_M], ds_layout)
         ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        dq = gl.allocate_shared_memory(gl.float32, [CONSUMERS * STAGES] + dq_desc.block_shape, dq_desc.layout)
-        full = gl.allocate_shared_memory(gl.int64, [CONSUMERS * STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(ds_full.index(i), count=CONSUMERS)
             mbarrier.init(ds_free.index(i), count=CONSUMERS)
-        for i in gl.static_range(CONSUMERS * STAGES):
-            mbarrier.init(full.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        return DqStage(ds, ds_full, ds_free, dq, full, empty, STAGES, HEAD_DIM // DQ_COLS)
+        if REDUCE:
+            dq = gl.allocate_shared_memory(gl.float32, [CONSUMERS * STAGES] + dq_desc.block_shape, dq_desc.layout)
+            full = gl.allocate_shared_memory(gl.int64, [CONSUMERS * STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(CONSUMERS * STAGES):
+                mbarrier.init(full.index(i), count=1)
+                mbarrier.init(empty.index(i), count=1)
+            return DqStage(ds, ds_full, ds_free, dq, full, empty, STAGES, HEAD_DIM // DQ_COLS)
+        else:
+            return DqStage(ds, ds_full, ds_free, ds, ds_full, ds_free, STAGES, HEAD_DIM // DQ_COLS)
 
     @gluon.jit
     def owner(self, it, c: gl.constexpr):
