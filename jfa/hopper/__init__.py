@@ -1,7 +1,7 @@
 """The Hopper (sm_90) backend: persistent, warp-specialized Gluon kernels over load-balanced schedules, the
-forward (jfa.hopper.fwd) and the backward (jfa.hopper.bwd: one pass with dQ by TMA reduce-add, or with
-deterministic=True the dK/dV pass, then the dQ pass of jfa.hopper.bwd_dq). Head dims 64 and 128 in bf16/fp16; others fall back (jfa.backends.select says so).
-docs/hopper.md describes the kernels."""
+forward (jfa.hopper.fwd) and the backward (jfa.hopper.bwd: one pass with dQ by TMA reduce-add, or, by shape and
+always with deterministic=True, the dK/dV pass, then the dQ pass of jfa.hopper.bwd_dq). Head dims 64 and 128 in
+bf16/fp16; others fall back (jfa.backends.select says so). docs/hopper.md describes the kernels."""
 from __future__ import annotations
 
 import torch

@@ -97,7 +97,8 @@ def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False, skip_kv=0) ->
     cfg = select_dq(head_dim)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, cfg)))
-    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, BROADCAST=broadcast, SKIP_KV=skip_kv, num_warps=4)
+    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, BROADCAST=broadcast, SKIP_KV=skip_kv,
+                      num_warps=4)
     types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
     return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, descs, constexprs, types, head_dim, dtype)
