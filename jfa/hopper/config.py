@@ -44,7 +44,7 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8), a second Q buffer for the next
     item (no effect), each short block's K/V as two 64-row boxes, the second only where it holds keys (short-128
     -3.5%) (session 9)."""
-    if head_dim > 64 and mean_kv_len <= SHORT_TILE_KV:  # EXPERIMENT (exp/session10, untimed): see SHORT_TILE_KV
+    if head_dim > 64 and mean_kv_len <= SHORT_TILE_KV:  # see SHORT_TILE_KV
         return FwdConfig(consumers=1, block_n=64, stages=2, coalesced_store=True)
     consumers = 1 if head_dim <= 64 else 2
     if mean_kv_len <= SHORT_KV:
@@ -55,9 +55,9 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
 # mean keys per sequence: the short form won at 63-513 (8-13%), was mixed at 1,030-1,070 (gqa-uniform-2k -2%,
 # causal-skewed-4k even, targets-32 +3%) and lost above (docs/perf-notes.md, session 8)
 SHORT_KV = 768
-# EXPERIMENT (exp/session10, untimed): up to this mean key length D=128 takes 64-row tiles and 64-key blocks at two
-# CTAs per SM (0 spills at 128 registers, 90 KB of shared memory): two items in flight per SM, since the short
-# forward waits on per-item latency, not bytes (ncu, session 9)
+# up to this mean key length D=128 takes 64-row tiles and 64-key blocks at two CTAs per SM (0 spills at 128
+# registers, 90 KB of shared memory): two items in flight per SM, since the short forward waits on per-item latency,
+# not bytes (ncu, session 9). short-128 forward 0.913 / 0.923 -> 0.768 / 0.759 ms (main / this, one call, session 10)
 SHORT_TILE_KV = 128
 
 
@@ -103,8 +103,9 @@ def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), 
     take two passes, where the float32 dQ's zero fill and cast are not paid back (short-128, whole backward, one
     pass / two passes: 3.50 / 3.37 ms (session 7), 3.480 / 3.386 and 3.485 / 3.404 (session 8); main / this
     default in one call: 3.492 / 3.388 and 3.470 / 3.389 (session 9); at 256-1,034 keys one pass won by 5-18%).
-    EXPERIMENT (exp/session10, untimed): there, and for deterministic batches as short, the dK/dV kernel stores the
-    dQ of the sequences whose keys fit its key tile (DQ_DIRECT: no float32, no adds) and the dQ pass skips them."""
+    There, and for deterministic batches as short, the dK/dV kernel stores the dQ of the sequences whose keys fit
+    its key tile (DQ_DIRECT: no float32, no adds) and the dQ pass skips them: short-128, whole backward 3.366 /
+    3.389 -> 2.780 / 2.781 ms (dK/dV 1.83 -> 2.19, dQ pass 1.13 -> 0.175; main / this, one call, session 10)."""
     short = mean_kv_len <= 128
     if short and not broadcast:
         return DQ_DIRECT
