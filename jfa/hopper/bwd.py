@@ -397,7 +397,8 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
     dq_dtype = torch.float32 if broadcast or route == DQ_REDUCE else q.dtype
     # zeroed: the rows of queries that see no key are written by no kernel
     dq = torch.zeros(rows, q.shape[1], q.shape[2], device=q.device, dtype=dq_dtype)
-    if k.shape[0] == 0 or rows == 0:  # no keys anywhere (a TMA descriptor needs rows): every query saw nothing
+    # no keys anywhere (a TMA descriptor needs rows: every query saw nothing), or no queries (no key was seen)
+    if k.shape[0] == 0 or rows == 0:
         return sum_broadcast_dq(dq, q, batch, broadcast), dk.zero_(), dv.zero_()
     dkdv(*args, dk, dv, dq, route)
     if route != DQ_REDUCE:
