@@ -115,13 +115,18 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
 
 
 @gluon.jit
-def _dkdv_block(m0, it, dk, dv, k_buf, v_buf, qdo, grads, i_h, tile, offs_n, batch, BLOCK_M: gl.constexpr,
-                MASKED: gl.constexpr, SERIAL: gl.constexpr):
+def _dkdv_block(m0, it, t, dk, dv, kv_ops, qdo, grads, i_h, tile, offs_n, batch, WG: gl.constexpr,
+                BLOCK_M: gl.constexpr, MASKED: gl.constexpr, SERIAL: gl.constexpr):
     """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q.
     MASKED: zero the pairs outside the window and the queries past the sequence's end (else a bulk block).
-    SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together."""
-    dtype: gl.constexpr = k_buf.dtype
-    HEAD_DIM: gl.constexpr = k_buf.shape[1]
+    SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together.
+    K and V are taken from item t's set here, per block, as the one pass does: with the set's memdescs made once
+    per item outside the block loops, this path's MMAs read shared memory out of bounds at D=64 with two sets
+    (compute-sanitizer on the H200, session 10; the one pass passed). Not yet run in this form."""
+    k_buf = kv_ops.a_block(t, WG)
+    v_buf = kv_ops.b_block(t, WG)
+    dtype: gl.constexpr = kv_ops.a.dtype
+    HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -271,8 +276,6 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
             dv = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             n_blocks = gl.maximum(gl.cdiv(tile.hi - tile.lo, BLOCK_M), 0)
             kv_ops.wait(t, WG)
-            k_buf = kv_ops.a_block(t, WG)
-            v_buf = kv_ops.b_block(t, WG)
             # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
             j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.q_len, tile.kv_len, batch.LEFT, batch.RIGHT,
                                            BLOCK_M, WG_ROWS)
@@ -290,8 +293,8 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                                                      grads, tile, offs_n, batch, i_h, want_dq, WG, BLOCK_M, seg != 1,
                                                      DIRECT)
                         else:
-                            dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, qdo, grads, i_h,
-                                                 tile, offs_n, batch, BLOCK_M, seg != 1, shape.SERIAL)
+                            dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, t, dk, dv, kv_ops, qdo, grads, i_h,
+                                                 tile, offs_n, batch, WG, BLOCK_M, seg != 1, shape.SERIAL)
                         it += 1
             kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
             t += 1
