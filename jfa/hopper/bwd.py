@@ -99,7 +99,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
             kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
             for w in gl.static_range(2):
                 row = tile.kv_start + tile.start + w * WG_ROWS
-                kv_ops.load(w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
+                kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
             for g in range(shape.GROUP):
                 col = (tile.head * shape.GROUP + g) * HEAD_DIM
                 for m0 in range(tile.lo, tile.hi, BLOCK_M):
@@ -115,13 +115,19 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
 
 
 @gluon.jit
-def _dkdv_block(m0, it, dk, dv, k_buf, v_buf, qdo, grads, i_h, tile, offs_n, batch, BLOCK_M: gl.constexpr,
-                MASKED: gl.constexpr, SERIAL: gl.constexpr):
+def _dkdv_block(m0, it, t, dk, dv, kv_ops, qdo, grads, i_h, tile, offs_n, batch, WG: gl.constexpr,
+                BLOCK_M: gl.constexpr, MASKED: gl.constexpr, SERIAL: gl.constexpr):
     """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q.
     MASKED: zero the pairs outside the window and the queries past the sequence's end (else a bulk block).
-    SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together."""
-    dtype: gl.constexpr = k_buf.dtype
-    HEAD_DIM: gl.constexpr = k_buf.shape[1]
+    SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together.
+    K and V are taken from item t's set here, per block, as the one pass does: with the set's memdescs made once
+    per item outside the block loops, this path's MMAs read shared memory out of bounds at D=64 with two sets
+    (compute-sanitizer on the H200, session 10; the direct route, which takes them per block, passed). Not yet
+    run in this form."""
+    k_buf = kv_ops.a_block(t, WG)
+    v_buf = kv_ops.b_block(t, WG)
+    dtype: gl.constexpr = kv_ops.a.dtype
+    HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -173,7 +179,7 @@ def _dkdv_block(m0, it, dk, dv, k_buf, v_buf, qdo, grads, i_h, tile, offs_n, bat
 
 
 @gluon.jit
-def _dq_chunk(it, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
+def _dq_chunk(it, t, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
     """dQ[:, chunk C] of block it = dS_0 K_0[:, C] + dS_1 K_1[:, C] (both consumers' keys), issued (async) once
     both dS^T are in shared memory."""
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -181,13 +187,13 @@ def _dq_chunk(it, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
     stage.wait_ds(it)
     dq = gl.full([BLOCK_M, DQ_COLS], 0.0, gl.float32, layout=dq_layout)
     for k in gl.static_range(2):
-        k_cols = kv_ops.a.index(k).slice(C * DQ_COLS, DQ_COLS, dim=1)
+        k_cols = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1)
         dq = warpgroup_mma(stage.ds_buffer(it, k).permute((1, 0)), k_cols, dq, use_acc=k > 0, is_async=True)
     return dq
 
 
 @gluon.jit
-def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs_n, batch, i_h, want_dq,
+def _one_pass_block(m0, it, t, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs_n, batch, i_h, want_dq,
                     WG: gl.constexpr, BLOCK_M: gl.constexpr, MASKED: gl.constexpr, DIRECT: gl.constexpr):
     """_dkdv_block's MMAs one after another with P^T, then dS^T, in shared memory (the A operands of dV's and
     dK's MMAs), and the block's dQ = dS K: both consumers' dS^T (each over its 64 keys) feed each DQ_COLS-column
@@ -195,8 +201,8 @@ def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs
     item holds every key of its sequence (want_dq), complete, stored by its owner (else the block computes no dQ:
     the dQ pass does). MASKED also zeroes keys past the sequence's end (they would reach dQ)."""
     dtype: gl.constexpr = kv_ops.a.dtype
-    k_buf = kv_ops.a.index(WG)
-    v_buf = kv_ops.b.index(WG)
+    k_buf = kv_ops.a_block(t, WG)
+    v_buf = kv_ops.b_block(t, WG)
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
@@ -226,12 +232,12 @@ def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):
             C: gl.constexpr = WG if stage.CHUNKS == 2 else 0
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, C, kv_ops, stage, BLOCK_M), ))
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, t, C, kv_ops, stage, BLOCK_M), ))
             store_rows(grads.DQ + i_h * grads.stride_dqh + C * DQ_COLS, grads.stride_dqt,
                        (dq * grads.scale).to(dtype), m0, tile.q_start, tile.q_len)
         stage.free_ds(it)
     elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
-        dq = _dq_chunk(it, WG, kv_ops, stage, BLOCK_M)
+        dq = _dq_chunk(it, t, WG, kv_ops, stage, BLOCK_M)
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
         stage.free_ds(it)
@@ -239,7 +245,7 @@ def _one_pass_block(m0, it, dk, dv, kv_ops, qdo, stats, stage, grads, tile, offs
     else:  # one chunk: the consumers take the blocks in turn
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         if it % 2 == WG:
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, 0, kv_ops, stage, BLOCK_M), ))
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, t, 0, kv_ops, stage, BLOCK_M), ))
             stage.put(WG, it // 2, dq * grads.scale)
         stage.free_ds(it)
     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
@@ -258,8 +264,6 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                                                          instr_shape=[16, HEAD_DIM, 16])
     key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
     ONE_PASS: gl.constexpr = stage is not None
-    k_buf = kv_ops.a.index(WG)
-    v_buf = kv_ops.b.index(WG)
 
     it = 0
     t = 0
@@ -286,14 +290,14 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                     end_j = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
                     for j in range(begin, end_j):
                         if ONE_PASS:
-                            dk, dv = _one_pass_block(tile.lo + j * BLOCK_M, it, dk, dv, kv_ops, qdo, stats, stage,
+                            dk, dv = _one_pass_block(tile.lo + j * BLOCK_M, it, t, dk, dv, kv_ops, qdo, stats, stage,
                                                      grads, tile, offs_n, batch, i_h, want_dq, WG, BLOCK_M, seg != 1,
                                                      DIRECT)
                         else:
-                            dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, dk, dv, k_buf, v_buf, qdo, grads, i_h,
-                                                 tile, offs_n, batch, BLOCK_M, seg != 1, shape.SERIAL)
+                            dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, t, dk, dv, kv_ops, qdo, grads, i_h,
+                                                 tile, offs_n, batch, WG, BLOCK_M, seg != 1, shape.SERIAL)
                         it += 1
-            kv_ops.release()  # K/V read for the last time: the producer may load the next item's
+            kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
             t += 1
             store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
                        tile.kv_start, tile.kv_len)
@@ -307,7 +311,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE
                        stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                        BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, SERIAL: gl.constexpr,
                        BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       KV_SLOTS: gl.constexpr, num_warps: gl.constexpr):
     """ONE_PASS: dQ too (DkdvConfig.one_pass), with the rows' LSE and Delta through shared memory (RowStats):
     through the writer warp into dq_desc's float32 accumulator (DQ_REDUCE), or with DIRECT, only for the sequences
     whose keys fit one item, stored into DQ (q's dtype) by the consumers (DQ_DIRECT). Else neither dq_desc nor DQ
@@ -317,7 +321,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     grads = DkdvGrads.create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
                              stride_dqh, stride_lh, scale, qk_scale)
-    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True)
+    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     if ONE_PASS:
         stats = RowStats.alloc(BLOCK_M, STAGES)
@@ -371,7 +375,7 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
         dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], scale, scale * math.log2(math.e), left,
         right, GROUP=q.shape[1] // k.shape[1], BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages,
         SERIAL=cfg.serial, BROADCAST=broadcast, ONE_PASS=cfg.one_pass, DIRECT=cfg.dq == DQ_DIRECT,
-        num_warps=4)
+        KV_SLOTS=cfg.kv_slots, num_warps=4)
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,

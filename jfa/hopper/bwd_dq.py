@@ -72,10 +72,10 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
             qdo_ops.acquire(t)
             for w in gl.static_range(2):
                 if tile.start + w * WG_ROWS < tile.q_len:
-                    qdo_ops.load(w, q_desc, [q_row0 + w * WG_ROWS, col], do_desc,
+                    qdo_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, col], do_desc,
                                  [tile.q_start + tile.start + w * WG_ROWS, col])
                 else:  # no rows for consumer w: it reads neither
-                    qdo_ops.skip(w)
+                    qdo_ops.skip(t, w)
             kv_col = (tile.head // shape.GROUP) * HEAD_DIM
             for n0 in range(tile.lo, tile.hi, BLOCK_N):
                 kv.fill(it, k_desc, [tile.kv_start + n0, kv_col], v_desc, [tile.kv_start + n0, kv_col])
@@ -136,9 +136,9 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP
                     dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
                     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))[0]
                     kv.release(it + j)
-                qdo_ops.release()
+                qdo_ops.release(t)
             else:  # rows past the sequence's end, or no keys: hand the buffers back
-                qdo_ops.release()
+                qdo_ops.release(t)
                 for j in range(0, n_blocks):
                     kv.wait(it + j)
                     kv.release(it + j)

@@ -320,62 +320,79 @@ class RowStats:
 
 @aggregate
 class ItemOperands:
-    """One block of one or two operands per consumer warpgroup, loaded once per item: ready[w] completes when
-    consumer w's block lands; empty counts one release per consumer."""
-    a: gl.shared_memory_descriptor
+    """One block of one or two operands per consumer warpgroup, loaded once per item, in SLOTS sets used by items in
+    turn (item t takes set t % SLOTS: with two, the next item's blocks load while this one runs): ready[set, w]
+    completes when consumer w's block lands; empty[set] counts one release per consumer."""
+    a: gl.shared_memory_descriptor  # [SLOTS * CONSUMERS, rows, cols]
     b: gl.shared_memory_descriptor
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
     TWO: gl.constexpr
+    CONSUMERS: gl.constexpr
+    SLOTS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, a, b, ready, empty, TWO):
+    def __init__(self, a, b, ready, empty, TWO, CONSUMERS, SLOTS):
         self.a = a
         self.b = b
         self.ready = ready
         self.empty = empty
         self.TWO = gl.constexpr(TWO)
+        self.CONSUMERS = gl.constexpr(CONSUMERS)
+        self.SLOTS = gl.constexpr(SLOTS)
 
     @gluon.jit
-    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr):
-        a = gl.allocate_shared_memory(a_desc.dtype, [CONSUMERS] + a_desc.block_shape, a_desc.layout)
+    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr, SLOTS: gl.constexpr = 1):
+        a = gl.allocate_shared_memory(a_desc.dtype, [SLOTS * CONSUMERS] + a_desc.block_shape, a_desc.layout)
         b = a
         if TWO:
-            b = gl.allocate_shared_memory(b_desc.dtype, [CONSUMERS] + b_desc.block_shape, b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(empty, count=CONSUMERS)
-        for w in gl.static_range(CONSUMERS):
-            mbarrier.init(ready.index(w), count=1)
-        return ItemOperands(a, b, ready, empty, TWO)
+            b = gl.allocate_shared_memory(b_desc.dtype, [SLOTS * CONSUMERS] + b_desc.block_shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [SLOTS * CONSUMERS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(SLOTS):
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        for i in gl.static_range(SLOTS * CONSUMERS):
+            mbarrier.init(ready.index(i), count=1)
+        return ItemOperands(a, b, ready, empty, TWO, CONSUMERS, SLOTS)
 
     @gluon.jit
     def acquire(self, t):
-        """Producer: wait until every consumer has released item t - 1's blocks."""
-        mbarrier.wait(self.empty, (t & 1) ^ 1)
+        """Producer: wait until every consumer has released the blocks of item t - SLOTS (the same set)."""
+        mbarrier.wait(self.empty.index(t % self.SLOTS), ((t // self.SLOTS) & 1) ^ 1)
 
     @gluon.jit
-    def load(self, w: gl.constexpr, a_desc, a_coord, b_desc, b_coord):
-        """Producer: TMA-load consumer w's block(s) of the item (after acquire)."""
-        bar = self.ready.index(w)
+    def load(self, t, w: gl.constexpr, a_desc, a_coord, b_desc, b_coord):
+        """Producer: TMA-load consumer w's block(s) of item t (after acquire)."""
+        i = (t % self.SLOTS) * self.CONSUMERS + w
+        bar = self.ready.index(i)
         if self.TWO:
             mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(w))
-            tma.async_copy_global_to_shared(b_desc, b_coord, bar, self.b.index(w))
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))
+            tma.async_copy_global_to_shared(b_desc, b_coord, bar, self.b.index(i))
         else:
             mbarrier.expect(bar, a_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(w))
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))
 
     @gluon.jit
-    def skip(self, w: gl.constexpr):
-        """Producer: consumer w has no rows in this item (it reads no block): complete its ready barrier empty."""
-        mbarrier.arrive(self.ready.index(w), count=1)
+    def skip(self, t, w: gl.constexpr):
+        """Producer: consumer w has no rows in item t (it reads no block): complete its ready barrier empty."""
+        mbarrier.arrive(self.ready.index((t % self.SLOTS) * self.CONSUMERS + w), count=1)
 
     @gluon.jit
     def wait(self, t, w: gl.constexpr):
         """Consumer w: item t's blocks have landed."""
-        mbarrier.wait(self.ready.index(w), t & 1)
+        mbarrier.wait(self.ready.index((t % self.SLOTS) * self.CONSUMERS + w), (t // self.SLOTS) & 1)
 
     @gluon.jit
-    def release(self):
-        mbarrier.arrive(self.empty, count=1)
+    def a_block(self, t, w):
+        """Consumer w's (or, for a shared read, consumer w's neighbour's) first operand of item t."""
+        return self.a.index((t % self.SLOTS) * self.CONSUMERS + w)
+
+    @gluon.jit
+    def b_block(self, t, w):
+        return self.b.index((t % self.SLOTS) * self.CONSUMERS + w)
+
+    @gluon.jit
+    def release(self, t):
+        """Consumer: done reading item t's blocks."""
+        mbarrier.arrive(self.empty.index(t % self.SLOTS), count=1)

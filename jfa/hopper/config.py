@@ -76,6 +76,7 @@ class DkdvConfig:
     block_n: int = 2 * WG  # keys per item: one WG block per consumer
     dq: int = DQ_NONE  # DQ_NONE, DQ_REDUCE or DQ_DIRECT
     dq_stages: int = 1  # DQ_REDUCE: float32 dQ chunks in flight per consumer
+    kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
 
     @property
     def one_pass(self) -> bool:
@@ -91,8 +92,14 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE) -> DkdvConfig:
     (0.98-1.01x) (session 5)."""
     if dq != DQ_NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16
         # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
-        return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1)
-    return DkdvConfig(serial=head_dim > 64)
+        return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
+                          kv_slots=KV_SLOTS if head_dim <= 64 else 1)
+    return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1)
+
+
+# EXPERIMENT (exp/kv-slots, untimed): at D=64 the dK/dV kernel's K/V in two sets, the next item's loading while
+# this one runs (short items: pma-32-d64's see one (Q, dO) block each); D=128 has no room (208 KB + 64)
+KV_SLOTS = 2
 
 
 def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> int:

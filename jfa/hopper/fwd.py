@@ -74,9 +74,9 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
             q_ops.acquire(t)
             for w in gl.static_range(shape.CONSUMERS):
                 if tile.start + w * WG_ROWS < tile.q_len:
-                    q_ops.load(w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
+                    q_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
                 else:  # no rows for consumer w: it reads no Q
-                    q_ops.skip(w)
+                    q_ops.skip(t, w)
             col = (tile.head // shape.GROUP) * HEAD_DIM
             for n0 in range(tile.lo, tile.hi, shape.BLOCK_N):
                 kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
@@ -164,13 +164,13 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
                     kv.release(it + jb - 1)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
-                q_ops.release()  # last S issued and done: the producer may load the next Q
+                q_ops.release(t)  # last S issued and done: the producer may load the next Q
                 last = it + n_blocks - 1
                 acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
                 kv.release(last)
             else:  # rows past the sequence's end, or no keys: hand the buffers back
-                q_ops.release()
+                q_ops.release(t)
                 for jb in range(0, n_blocks):
                     kv.wait_b(it + jb)
                     kv.wait_a(it + jb)
