@@ -88,8 +88,8 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE) -> DkdvConfig:
     """dq: how the kernel treats dQ (where: dq_route).
     Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
     test per block, session 5). D=128: serial, which spills (400 B now) and still beat 32-row blocks by 8-17%
-    (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items
-    (0.98-1.01x) (session 5)."""
+    (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items at
+    D=128 (0.98-1.01x) (session 5; at D=64 it wins: KV_SLOTS)."""
     if dq != DQ_NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16
         # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
         return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
@@ -97,8 +97,10 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE) -> DkdvConfig:
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1)
 
 
-# EXPERIMENT (exp/kv-slots, untimed): at D=64 the dK/dV kernel's K/V in two sets, the next item's loading while
-# this one runs (short items: pma-32-d64's see one (Q, dO) block each); D=128 has no room (208 KB + 64)
+# K/V sets of the dK/dV kernel at D=64: two, so the next item's K/V load while this one runs (short items wait on
+# that latency: pma-32-d64's see one (Q, dO) block each). pma-32-d64 backward 1.466 / 1.459 -> 1.110 / 1.113 ms,
+# d64-uniform-512 2.252 / 2.266 -> 2.190 / 2.190, pma-64 (D=128: one set) even (main / this, one call, session 11).
+# D=128 has no room (a set is 64 KB there; the one pass takes 181 KB with one)
 KV_SLOTS = 2
 
 
