@@ -1,7 +1,7 @@
 """Time the hopper backend's parts apart on the suite (bf16, an sm_90 GPU): the schedule refresh on a cache hit
 and with a rebuild, the forward, Delta, the one-pass backward kernel, the two-pass backward's dK/dV pass (without
 and with the direct dQ of single-key-tile sequences) and dQ pass (whole, and skipping those sequences), and each
-whole backward (Delta, zeroing, casts included).
+whole backward (Delta, zeroing, casts included; given the longest sequence's keys, as `jfa bench`'s calls are).
 
     python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100]
 
@@ -54,8 +54,9 @@ def parts(inp):
              "dkdv+direct dq": (lambda: bwd.dkdv(*bargs, dk, dv, dq, DQ_DIRECT), 1, "bwd"),
              "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd"),
              "dq (skip <= 128 keys)": (lambda: bwd_dq.dq_pass(*bargs, dq, skip_kv=128), 0, None),
-             "backward (default)": (lambda: hopper.backward(*hargs), 1, "bwd"),
-             "backward (deterministic)": (lambda: hopper.backward(*hargs, deterministic=True), 1, "bwd")}
+             "backward (default)": (lambda: hopper.backward(*hargs, max_kv_len=inp.max_kv), 1, "bwd"),
+             "backward (deterministic)": (lambda: hopper.backward(*hargs, deterministic=True, max_kv_len=inp.max_kv),
+                                          1, "bwd")}
     if w.broadcast:  # broadcast q's dQ sums over the batch: no item has it whole
         del timed["dkdv+direct dq"], timed["dq (skip <= 128 keys)"]
     return timed

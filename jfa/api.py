@@ -24,9 +24,11 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             ``h // (Hq // Hkv)``). float16/bfloat16 (fast paths) or float32.
         q_offsets: ``[B+1]`` int32/int64 row offsets of the sequences in q; ``kv_offsets``: the same for k/v
             (None: same as q_offsets, i.e. self-attention).
-        max_q_len, max_kv_len: optional Python ints. Never needed for a correct result (the kernels take the
-            lengths from the offsets on the device); passing both for GPU offsets makes the call free of host
-            syncs (the offsets are then trusted). Checked against the offsets otherwise.
+        max_q_len, max_kv_len: optional Python ints, bounds on the sequences' lengths. Never needed for a
+            correct result (the kernels take the lengths from the offsets on the device); passing both for GPU
+            offsets makes the call free of host syncs (the offsets and bounds are then trusted: a bound below the
+            longest sequence gives wrong gradients). Checked against the offsets otherwise. The hopper backward
+            skips its dQ pass when max_kv_len says every sequence's dQ is done in the dK/dV pass (<= 128 keys).
         causal, window: the mask (see module doc). scale: defaults to ``1/sqrt(D)``.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]``.
         backend: "auto", "reference", "triton" or "hopper".
@@ -65,7 +67,7 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
             checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
     return _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic,
-                broadcast=False)
+                max_kv_len, broadcast=False)
 
 
 def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None,
@@ -87,7 +89,7 @@ def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, w
     batch, lq = kv_offsets.numel() - 1, q.shape[0]
     q_offsets = _broadcast_row_offsets(batch, lq, kv_offsets.dtype, q.device)
     out = _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic,
-               broadcast=True)
+               max_kv_len, broadcast=True)
     if return_lse:
         return out[0].view(batch, lq, q.shape[1], q.shape[2]), out[1]
     return out.view(batch, lq, q.shape[1], q.shape[2])
@@ -116,12 +118,14 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
     return offsets
 
 
-def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic, broadcast):
+def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic, max_kv_len,
+         broadcast):
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
     scale = checks.check_scale(scale, q.shape[2])
     backend = select(backend, q.device, q.shape[2], q.dtype)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    out, lse = attend(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
+    out, lse = attend(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic,
+                      max_kv_len)
     return (out, lse) if return_lse else out

@@ -6,8 +6,8 @@
              pick where it applies
 A backend is a pair forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast) -> (out, lse)
 and backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-deterministic=False) -> grads (deterministic: the same bits run to run; the reference and triton backends
-always are).
+deterministic=False, max_kv_len=None) -> grads (deterministic: the same bits run to run; the reference and triton
+backends always are; max_kv_len: the caller's bound on any sequence's keys, or None; hopper skips work by it).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _reference_forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broad
 
 
 def _reference_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-                        deterministic=False):
+                        deterministic=False, max_kv_len=None):
     return reference.attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, scale=scale, left=left,
                                         right=right, broadcast=broadcast)
 

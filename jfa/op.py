@@ -22,10 +22,10 @@ from .backends import BACKENDS
 
 
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float,
-                 window_left: int, window_right: int, broadcast: bool, backend: str,
-                 deterministic: bool) -> tuple[Tensor, Tensor]:
-    """-> (out [rows, Hq, D], lse [Hq, rows]); rows = Tq, or B * Lq in broadcast mode. deterministic only
-    concerns the backward."""
+                 window_left: int, window_right: int, broadcast: bool, backend: str, deterministic: bool,
+                 max_kv_len: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """-> (out [rows, Hq, D], lse [Hq, rows]); rows = Tq, or B * Lq in broadcast mode. deterministic and
+    max_kv_len (the caller's bound on the keys per sequence, or None) only concern the backward."""
     return BACKENDS[backend].forward(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast)
 
 
@@ -37,16 +37,18 @@ def _rows(q, kv_offsets, broadcast):
 
 
 @attention.register_fake
-def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend, deterministic):
+def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend, deterministic,
+      max_kv_len=None):
     rows = _rows(q, kv_offsets, broadcast)
     return q.new_empty(rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], rows, dtype=torch.float32)
 
 
 def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   q_offsets: Tensor, kv_offsets: Tensor, scale: float, window_left: int, window_right: int,
-                  broadcast: bool, backend: str, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  broadcast: bool, backend: str, deterministic: bool,
+                  max_kv_len: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
     return BACKENDS[backend].backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left,
-                                      window_right, broadcast, deterministic=deterministic)
+                                      window_right, broadcast, deterministic=deterministic, max_kv_len=max_kv_len)
 
 
 attention_backward = torch.library.custom_op("jfa::attention_backward", backward_impl, mutates_args=())
@@ -54,7 +56,7 @@ attention_backward = torch.library.custom_op("jfa::attention_backward", backward
 
 @attention_backward.register_fake
 def _(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend,
-      deterministic):
+      deterministic, max_kv_len=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -64,10 +66,10 @@ def _dispatch_free(*tensors) -> bool:
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic = inputs
+    q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, *max_kv_len = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
-    ctx.attrs = (scale, left, right, broadcast, backend, deterministic)
+    ctx.attrs = (scale, left, right, broadcast, backend, deterministic, *max_kv_len)
 
 
 def _backward(ctx, dout, dlse):
@@ -78,7 +80,7 @@ def _backward(ctx, dout, dlse):
     if getattr(ctx, "dispatch_free", False) and _dispatch_free(dout, dlse):
         backward_op = backward_impl
     dq, dk, dv = backward_op(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.attrs)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
@@ -90,13 +92,14 @@ class Attention(torch.autograd.Function):
     None (dout None: zeros; dlse None: no LSE term)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic):
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic,
+                max_kv_len):
         ctx.set_materialize_grads(False)
         ctx.dispatch_free = _dispatch_free(q, k, v, q_offsets, kv_offsets)
         forward_op = forward_impl if ctx.dispatch_free else attention
-        out, lse = forward_op(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
-        _setup_context(ctx, (q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic),
-                       (out, lse))
+        args = (q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, max_kv_len)
+        out, lse = forward_op(*args)
+        _setup_context(ctx, args, (out, lse))
         return out, lse
 
     @staticmethod
@@ -104,9 +107,9 @@ class Attention(torch.autograd.Function):
         return _backward(ctx, dout, dlse)
 
 
-def attend(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic):
+def attend(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, max_kv_len=None):
     """What the public functions call: Attention in eager mode; under torch.compile the op itself, with its
     registered autograd (the compiled graph has no per-call host cost to save, and dynamo rejects an
     autograd.Function given the same tensor twice, as self-attention's offsets are)."""
-    args = (q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic)
+    args = (q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, max_kv_len)
     return attention(*args) if torch.compiler.is_compiling() else Attention.apply(*args)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import reference
-from .jagged import resolve_window
+from .jagged import lengths, resolve_window
 
 
 # The GPU tests' named modes: awkward lengths (0, 1, 2, the edges of 64- and 128-row blocks) up to a few thousand
@@ -106,19 +106,22 @@ def reference_results(case: Case, compute_dtype=torch.float64):
     return (out.detach(), lse.detach(), *grads)
 
 
-def run_backend(case: Case, backend: str, deterministic: bool = False):
-    """(out, lse, (dq, dk, dv)) of one case through the public API; grads None when the output is empty."""
+def run_backend(case: Case, backend: str, deterministic: bool = False, max_lens: bool = False):
+    """(out, lse, (dq, dk, dv)) of one case through the public API; grads None when the output is empty.
+    max_lens: pass the longest sequences' lengths as max_q_len / max_kv_len."""
     import jfa
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
     window = (case.left, case.right)
+    longest = [max(lengths(o.cpu()).tolist(), default=0) if max_lens else None for o in (case.q_offsets, case.kv_offsets)]
     if case.broadcast:
-        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, window=window, scale=case.scale,
-                                           return_lse=True, backend=backend, deterministic=deterministic)
+        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, max_kv_len=longest[1], window=window,
+                                           scale=case.scale, return_lse=True, backend=backend,
+                                           deterministic=deterministic)
         out = out.reshape(-1, q.shape[1], q.shape[2])
     else:
-        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, window=window,
-                                        scale=case.scale, return_lse=True, backend=backend,
-                                        deterministic=deterministic)
+        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, max_q_len=longest[0],
+                                        max_kv_len=longest[1], window=window, scale=case.scale, return_lse=True,
+                                        backend=backend, deterministic=deterministic)
     grads = torch.autograd.grad(out, (q, k, v), case.dout) if out.numel() else None
     return out.detach(), lse.detach(), grads
 

@@ -146,24 +146,27 @@ def test_bad_options(kwargs, exc, msg):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("broadcast", [False, True])
-def test_deterministic_reaches_the_backward(monkeypatch, deterministic, broadcast):
-    """The flag goes through the op and its autograd to the backend's backward (where the hopper backend
-    chooses its dQ pass by it), once per backward. (That the hopper backend keeps its promise is checked on the
-    GPU: tests/test_hopper.py, same bits twice.)"""
+@pytest.mark.parametrize("max_kv_len", [None, 6, 100])
+def test_deterministic_and_max_kv_len_reach_the_backward(monkeypatch, deterministic, broadcast, max_kv_len):
+    """The flag and the bound go through the op and its autograd to the backend's backward (where the hopper
+    backend chooses its dQ pass by them), once per backward. (That the hopper backend keeps its promises is checked
+    on the GPU: tests/test_hopper.py, same bits twice, the dQ pass skipped by the bound.)"""
     from jfa.backends import BACKENDS
     seen = []
     ref = BACKENDS["reference"]
-    def spy(*args, deterministic):
-        seen.append(deterministic)
-        return ref.backward(*args, deterministic=deterministic)
+    def spy(*args, deterministic, max_kv_len):
+        seen.append((deterministic, max_kv_len))
+        return ref.backward(*args, deterministic=deterministic, max_kv_len=max_kv_len)
     monkeypatch.setitem(BACKENDS, "reference", ref.__class__(ref.name, ref.forward, spy, ref.supports))
     q, k, v = (x.requires_grad_() for x in qkv())
     if broadcast:
-        out = jfa.broadcast_attention(q[:3], k, v, OFF, backend="reference", deterministic=deterministic)
+        out = jfa.broadcast_attention(q[:3], k, v, OFF, max_kv_len=max_kv_len, backend="reference",
+                                      deterministic=deterministic)
     else:
-        out = jfa.jagged_attention(q, k, v, OFF, backend="reference", deterministic=deterministic)
+        out = jfa.jagged_attention(q, k, v, OFF, max_kv_len=max_kv_len, backend="reference",
+                                   deterministic=deterministic)
     out.sum().backward()
-    assert seen == [deterministic]
+    assert seen == [(deterministic, max_kv_len)]
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 

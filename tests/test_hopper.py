@@ -111,6 +111,31 @@ def test_hopper_int64_offsets():
     assert not failures, "\n".join(failures)
 
 
+SHORT_LENS = [0, 1, 2, 63, 64, 65, 127, 128, 3]  # GPU_LENS up to the dK/dV pass's key tile
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", [m for m in MODES if not MODES[m].get("broadcast_lq") and m != "empty-kv"])
+def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d, monkeypatch):
+    """A max_kv_len within the dK/dV pass's key tile: every dQ comes from the dK/dV pass (DQ_DIRECT) and the dQ
+    pass is not launched; against the reference. Without the bound the dQ pass runs (it cannot know)."""
+    from jfa.hopper import bwd
+    launched = []
+    real = bwd.dq_pass
+    monkeypatch.setattr(bwd, "dq_pass", lambda *args, **kw: launched.append(kw) or real(*args, **kw))
+    kw = dict(MODES[mode], q_lens=SHORT_LENS)
+    if "kv_lens" in kw:
+        kw["kv_lens"] = SHORT_LENS[::-1]
+    kw.setdefault("hq", 4)
+    kw.setdefault("hkv", 4)
+    case = make_case(**kw, d=d, dtype=torch.bfloat16, device="cuda", seed=d)
+    for max_lens in (True, False):
+        out, lse, grads = run_backend(case, "hopper", max_lens=max_lens)
+        failures = compare(case, out, lse, grads)
+        assert not failures, "\n".join(failures)
+        assert len(launched) == (0 if max_lens else 1)
+
+
 def test_hopper_backward_is_deterministic():
     """deterministic=True: same inputs, same bits, run to run. GQA and broadcast are the cases where a reduction
     could reorder (dK/dV over a GQA group, dQ over the batch); "short" is a batch of at most 128 keys per sequence,

@@ -21,10 +21,10 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-             deterministic=False):
+             deterministic=False, max_kv_len=None):
     from .bwd import backward
     return backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-                    deterministic=deterministic)
+                    deterministic=deterministic, max_kv_len=max_kv_len)
 
 
 __all__ = ["supports", "forward", "backward", "HEAD_DIMS"]

@@ -95,9 +95,10 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
 
 
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-             deterministic=False):
+             deterministic=False, max_kv_len=None):
     """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None. Deterministic whatever
-    `deterministic` says: no atomics (broadcast q's dQ is summed from per-sequence float32 partials)."""
+    `deterministic` says: no atomics (broadcast q's dQ is summed from per-sequence float32 partials). max_kv_len
+    is not used."""
     batch = kv_offsets.numel() - 1
     rows = out.shape[0]
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
