@@ -262,6 +262,37 @@ def test_report_and_plots_from_fixture(tmp_path):
     assert "new offsets +0.42 ms" in md
 
 
+def test_merge_keeps_each_workloads_run(tmp_path):
+    """benchmarks/merge_results.py: a later part's workload replaces an earlier one's, each workload keeps the
+    commit and date of its run (--commit per part, - for the part's own), and the header lists the runs."""
+    import runpy
+    import sys
+    first = json.loads(FIXTURE.read_text())
+    second = json.loads(FIXTURE.read_text())
+    second["workloads"] = [w for w in second["workloads"] if w["name"] == "pma-64"]
+    second["workloads"][0]["results"]["jfa"]["fwd_ms"] = 0.5
+    second["env"] = dict(second["env"], date="2026-12-01T00:00:00+00:00", jfa_commit="0c24516-dirty")
+    second["ceiling_tflops"] = 700.0
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (first, second)):
+        path.write_text(json.dumps(data))
+    argv = sys.argv
+    sys.argv = ["merge_results.py", str(tmp_path / "h200"), *map(str, paths), "--commit", "-", "feed123"]
+    try:
+        runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "merge_results.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    merged = json.loads((tmp_path / "h200.json").read_text())
+    by_name = {w["name"]: w for w in merged["workloads"]}
+    assert [w["name"] for w in merged["workloads"]] == ["self-uniform-1k", "pma-64"]  # suite order
+    assert by_name["pma-64"]["results"]["jfa"]["fwd_ms"] == 0.5 and by_name["pma-64"]["jfa_commit"] == "feed123"
+    assert by_name["self-uniform-1k"]["jfa_commit"] == "eda947a00000"
+    assert merged["ceiling_tflops"] == 700.0 and merged["env"]["date"] == "2026-12-01T00:00:00+00:00"
+    md = (tmp_path / "h200.md").read_text()
+    assert "self-uniform-1k @ eda947a00000, 2026-11-30T12:00:00+00:00; pma-64 @ feed123" in md
+    assert "the lowest of the runs" in md
+
+
 def test_report_with_missing_numbers(tmp_path):
     """A backward lost in noise (None), a workload with no peer, a workload with nothing timed."""
     data = json.loads(FIXTURE.read_text())

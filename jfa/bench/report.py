@@ -86,11 +86,15 @@ def header_lines(data: dict) -> list[str]:
     lines = [f"device: {where}" + (f", {env['sms']} SMs" if env.get("sms") else ""),
              f"driver {env.get('driver') or '-'}, CUDA {env.get('cuda') or '-'}, torch {env.get('torch')}, "
              f"triton {env.get('triton')}, jfa {env.get('jfa')} @ {env.get('jfa_commit') or '?'}, {env.get('date')}"]
+    if len(env.get("runs", [])) > 1:  # merged from several runs (benchmarks/merge_results.py)
+        lines.append("runs: " + "; ".join(f"{', '.join(r['workloads'])} @ {r['jfa_commit']}, {r['date']}"
+                                          for r in env["runs"]))
+    which = "the lowest of the runs; each floor from its workload's run" if len(env.get("runs", [])) > 1 else "same run"
     if data.get("ceiling_tflops"):
-        lines.append(f"ceiling: {data['ceiling_tflops']:.1f} TF/s ({data.get('ceiling', 'dense matmul')}, same run)")
+        lines.append(f"ceiling: {data['ceiling_tflops']:.1f} TF/s ({data.get('ceiling', 'dense matmul')}, {which})")
     if data.get("bandwidth_gbs"):
         lines.append(f"bandwidth: {data['bandwidth_gbs']:.0f} GB/s ({data.get('bandwidth', 'copy')}, read + write, "
-                     f"same run)")
+                     f"{which})")
     return lines
 
 
