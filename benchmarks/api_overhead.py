@@ -32,7 +32,7 @@ def _stub_backend():
                             q.new_zeros(q.shape[1], rows, dtype=torch.float32))
         return outputs[key]
 
-    def backward(dout, dlse, q, k, v, *rest, deterministic=False):
+    def backward(dout, dlse, q, k, v, *rest, deterministic=False, max_kv_len=None):
         key = (q.shape, k.shape, q.dtype)
         if key not in grads:
             grads[key] = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
