@@ -36,7 +36,7 @@ def test_compile_fullgraph_forward_backward(backend):
 
     def step(q, k, v, qb, offsets):
         out = jfa.jagged_attention(q, k, v, offsets, causal=True, backend=backend)
-        pooled = jfa.broadcast_attention(qb, k, v, offsets, backend=backend)
+        pooled = jfa.broadcast_attention(qb, k, v, offsets, max_kv_len=17, backend=backend)  # the bound traced too
         return (out.float().square().sum() + pooled.float().square().sum())
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
