@@ -150,35 +150,3 @@ for offsets in ("*i32", "*i64"):
     assert res.returncode == 0, res.stderr[-3000:]
     counts = [[int(x) for x in line.split()[1:]] for line in res.stdout.strip().splitlines()[-2:]]
     assert len(counts) == 2 and all(stores > 0 and atomics > 0 for stores, atomics in counts), res.stdout
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "fused-qkv", "one-head", "one-row", "heads-transposed"])
-def test_tma_descriptor_describes_the_rows_by_heads_view(layout):
-    """jfa.hopper.common.tma_descriptor (built on the host for every launch, without a reshape where [rows, H*D]
-    is a view of x): the same address, dtype, shape and strides as a descriptor over x.reshape(rows, H*D)."""
-    import torch
-    from jfa.hopper.common import tma_descriptor
-    base = torch.randn(24 * 3 * 3 * 64, dtype=torch.bfloat16)
-    plain = base[:24 * 3 * 64].view(24, 3, 64)
-    if layout == "contiguous":
-        x = plain[:20]
-    elif layout == "fused-qkv":  # k of a [T, 3, H, D] projection
-        x = base.view(24, 3, 3, 64)[:, 1]
-    elif layout == "one-head":
-        x = plain[:, 1:2]
-    elif layout == "one-row":
-        x = plain[5:6]
-    else:  # heads outermost in memory: [rows, H*D] is not a view (copied)
-        x = base[:24 * 3 * 64].view(3, 24, 64).transpose(0, 1)
-    got = tma_descriptor(x, 16)
-    view = x.reshape(x.shape[0], x.shape[1] * x.shape[2])
-    if layout != "heads-transposed":
-        assert got.base.data_ptr() == view.data_ptr()
-    else:  # both copies: the same values
-        assert torch.equal(got.base.reshape(view.shape), view)
-    assert got.base.dtype == view.dtype
-    assert list(got.shape) == list(view.shape) and got.block_shape == [16, 64]
-    if view.shape[0] > 1:  # a one-row view's row stride is never used
-        assert list(got.strides) == list(view.stride())
-    got_cols = tma_descriptor(x, 16, 32)
-    assert got_cols.block_shape == [16, 32] and list(got_cols.shape) == list(view.shape)

@@ -24,7 +24,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate  # Gluon 3.6's aggregate (no public name yet)
 
 from ..geometry import key_range, query_range, sequence_bounds
@@ -39,18 +38,13 @@ def tma_descriptor(x: torch.Tensor, block_rows: int, block_cols: int = 0):
 
     A box that runs past a sequence reads the next sequence's rows (the kernels mask them); past the tensor's
     end TMA fills zeros. Needs a 16-byte aligned base (see aligned) and rows whose H*D elements are contiguous
-    (any row stride that is a multiple of 16 bytes). The launcher reads only the base's address and dtype, so
-    where [rows, H*D] is a view of x the descriptor takes x itself with that shape (no reshape: every launch
-    builds its descriptors, and short batches wait on the host).
+    (any row stride that is a multiple of 16 bytes).
     """
-    rows, heads, d = x.shape
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    d = x.shape[2]
+    x2 = x.reshape(x.shape[0], x.shape[1] * d)
     box = (block_rows, block_cols or d)
-    if x.stride(2) == 1 and x.stride(1) == d:
-        shape, strides = [rows, heads * d], [x.stride(0), 1]
-    else:
-        x = x.reshape(rows, heads * d)
-        shape, strides = list(x.shape), list(x.stride())
-    return TensorDescriptor(x, shape, strides, list(box), _box_layout(box, x.dtype))
+    return TensorDescriptor(x2, list(x2.shape), list(x2.stride()), list(box), _box_layout(box, x.dtype))
 
 
 @functools.lru_cache(maxsize=64)
