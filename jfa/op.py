@@ -66,6 +66,7 @@ def _dispatch_free(*tensors) -> bool:
 
 
 def _setup_context(ctx, inputs, output):
+    # max_kv_len is the op's optional last argument: a direct caller of torch.ops.jfa.attention may leave it out
     q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, *max_kv_len = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)

@@ -112,7 +112,8 @@ def run_backend(case: Case, backend: str, deterministic: bool = False, max_lens:
     import jfa
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
     window = (case.left, case.right)
-    longest = [max(lengths(o.cpu()).tolist(), default=0) if max_lens else None for o in (case.q_offsets, case.kv_offsets)]
+    longest = [max(lengths(o.cpu()).tolist(), default=0) if max_lens else None
+               for o in (case.q_offsets, case.kv_offsets)]
     if case.broadcast:
         out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, max_kv_len=longest[1], window=window,
                                            scale=case.scale, return_lse=True, backend=backend,
