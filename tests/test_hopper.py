@@ -48,6 +48,20 @@ def test_hopper_forward_forms(mode, form, monkeypatch):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_one_pass_short_query_blocks(mode, monkeypatch):
+    """The one pass at D=128 with 32-row (Q, dO) blocks, dQ computed transposed and two K/V sets
+    (jfa.hopper.config.SHORT_Q, chosen by the mean query rows per sequence), whatever the test batch's lengths:
+    every mode against the reference."""
+    from jfa.hopper import bwd, config
+    monkeypatch.setattr(config, "SHORT_Q", float("inf"))
+    monkeypatch.setattr(bwd, "dq_route", lambda *args: config.DQ_REDUCE)
+    case = _case(mode, 128)
+    out, lse, grads = run_backend(case, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("route", ["none", "reduce", "direct"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))

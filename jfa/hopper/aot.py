@@ -74,10 +74,12 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, mean_kv_len=
                     **cfg.launch_options())
 
 
-def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, route=DQ_NONE) -> Report:
-    """The dK/dV kernel (jfa.hopper.bwd) with dQ by `route` (jfa.hopper.config): reported as hopper_dkdv (none),
-    hopper_bwd (the one pass, DQ_REDUCE) or hopper_dkdv_dq (DQ_DIRECT)."""
-    cfg = select_dkdv(head_dim, route)
+def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, route=DQ_NONE,
+                 mean_q_len=float("inf")) -> Report:
+    """The dK/dV kernel (jfa.hopper.bwd) with dQ by `route` (jfa.hopper.config), as configured for batches of this
+    many query rows per sequence: reported as hopper_dkdv (none), hopper_bwd (the one pass, DQ_REDUCE) or
+    hopper_dkdv_dq (DQ_DIRECT)."""
+    cfg = select_dkdv(head_dim, route, mean_q_len)
     x = _host_tensor(head_dim, dtype)
     dq = _host_tensor(head_dim, torch.float32)
     names = ("q_desc", "do_desc", "k_desc", "v_desc", "dq_desc")

@@ -181,14 +181,23 @@ def _dkdv_block(m0, it, t, dk, dv, kv_ops, qdo, grads, i_h, tile, offs_n, batch,
 @gluon.jit
 def _dq_chunk(it, t, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
     """dQ[:, chunk C] of block it = dS_0 K_0[:, C] + dS_1 K_1[:, C] (both consumers' keys), issued (async) once
-    both dS^T are in shared memory."""
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_COLS, 16])
+    both dS^T are in shared memory. Blocks of fewer than 64 rows (jfa.hopper.config.SHORT_Q) get it transposed,
+    dQ^T[chunk C] = K_0[:, C]^T dS_0^T + K_1[:, C]^T dS_1^T ([DQ_COLS, BLOCK_M]: wgmma's M is 64 rows at least)."""
     stage.wait_ds(it)
-    dq = gl.full([BLOCK_M, DQ_COLS], 0.0, gl.float32, layout=dq_layout)
-    for k in gl.static_range(2):
-        k_cols = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1)
-        dq = warpgroup_mma(stage.ds_buffer(it, k).permute((1, 0)), k_cols, dq, use_acc=k > 0, is_async=True)
+    if BLOCK_M < WG_ROWS:
+        dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_M, 16])
+        dq = gl.full([DQ_COLS, BLOCK_M], 0.0, gl.float32, layout=dqt_layout)
+        for k in gl.static_range(2):
+            k_cols_t = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1).permute((1, 0))
+            dq = warpgroup_mma(k_cols_t, stage.ds_buffer(it, k), dq, use_acc=k > 0, is_async=True)
+    else:
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_COLS, 16])
+        dq = gl.full([BLOCK_M, DQ_COLS], 0.0, gl.float32, layout=dq_layout)
+        for k in gl.static_range(2):
+            k_cols = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1)
+            dq = warpgroup_mma(stage.ds_buffer(it, k).permute((1, 0)), k_cols, dq, use_acc=k > 0, is_async=True)
     return dq
 
 
@@ -241,12 +250,12 @@ def _one_pass_block(m0, it, t, dk, dv, kv_ops, qdo, stats, stage, grads, tile, o
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
         stage.free_ds(it)
-        stage.put(WG, it, dq * grads.scale)
+        stage.put(WG, it, dq * grads.scale, BLOCK_M < WG_ROWS)
     else:  # one chunk: the consumers take the blocks in turn
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         if it % 2 == WG:
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, t, 0, kv_ops, stage, BLOCK_M), ))
-            stage.put(WG, it // 2, dq * grads.scale)
+            stage.put(WG, it // 2, dq * grads.scale, BLOCK_M < WG_ROWS)
         stage.free_ds(it)
     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
     qdo.release(it)
@@ -362,9 +371,9 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
     """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and dQ by `route` (jfa.hopper.config): DQ_REDUCE,
     added into dq (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode one slab of Lq rows per
     CTA (num_sms of them); DQ_DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile."""
-    cfg = select_dkdv(q.shape[2], route)
-    sms = num_sms(q.device)
     dq_rows = dout.shape[0]  # the query side's rows (B * Lq in broadcast mode)
+    cfg = select_dkdv(q.shape[2], route, dq_rows / max(kv_offsets.numel() - 1, 1))
+    sms = num_sms(q.device)
     spec = key_tile_schedule(k.shape[0], k.shape[1], cfg, left, right, sms)
     sched = CACHE.get(kv_offsets, q_offsets, spec, dq_rows)
     q, dout, k, v = aligned(q, dout, k, v)

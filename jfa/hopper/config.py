@@ -84,12 +84,14 @@ class DkdvConfig:
         return self.dq != DQ_NONE
 
 
-def select_dkdv(head_dim: int, dq: int = DQ_NONE) -> DkdvConfig:
-    """dq: how the kernel treats dQ (where: dq_route).
+def select_dkdv(head_dim: int, dq: int = DQ_NONE, mean_q_len: float = float("inf")) -> DkdvConfig:
+    """dq: how the kernel treats dQ (where: dq_route); mean_q_len: query rows per sequence (host-known).
     Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
     test per block, session 5). D=128: serial, which spills (400 B now) and still beat 32-row blocks by 8-17%
     (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items at
     D=128 (0.98-1.01x) (session 5; at D=64 it wins: KV_SLOTS)."""
+    if dq == DQ_REDUCE and head_dim > 64 and mean_q_len <= SHORT_Q:  # see SHORT_Q
+        return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS)
     if dq != DQ_NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16
         # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
         return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
@@ -102,6 +104,13 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE) -> DkdvConfig:
 # d64-uniform-512 2.252 / 2.266 -> 2.190 / 2.190, pma-64 (D=128: one set) even (main / this, one call, session 11).
 # D=128 has no room (a set is 64 KB there; the one pass takes 181 KB with one)
 KV_SLOTS = 2
+# up to this many query rows per sequence (targets-32: 32 target queries per user) the one pass at D=128 takes
+# (Q, dO) blocks of 32 rows (its 64-row blocks were half empty), dQ computed transposed (K^T dS^T: wgmma's M is then
+# the head dim, not the 32 rows), and the room this frees (ring, dS and dQ staging at half size) holds a second K/V
+# set, so the next item's K/V load while this one runs (209 KiB, 124 B of spills against the 64-row one pass's 804).
+# targets-32 one pass 2.197 / 2.187 -> 1.566 / 1.563 ms, backward 2.253 / 2.254 -> 1.629 / 1.627 (main / this, one
+# call, session 12)
+SHORT_Q = 32
 
 
 def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> int:

@@ -60,8 +60,9 @@ class DqStage:
               CONSUMERS: gl.constexpr, STAGES: gl.constexpr, REDUCE: gl.constexpr):
         """REDUCE: with the float32 chunk ring for the writer; else (dQ stored by the consumers themselves,
         jfa.hopper.config.DQ_DIRECT) only dS^T and its barriers, and the ring's fields alias them, unused."""
-        # rows of BLOCK_M = 64 16-bit elements: 128 bytes, the 128-byte swizzle
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        # rows of BLOCK_M 16-bit elements: 128 bytes (the 128-byte swizzle) at 64, 64 at 32
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * BLOCK_M), element_bitwidth=16,
+                                                       rank=2)
         ds = gl.allocate_shared_memory(dtype, [2 * CONSUMERS, WG_ROWS, BLOCK_M], ds_layout)
         ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -113,11 +114,15 @@ class DqStage:
         mbarrier.arrive(self.ds_free.index(it % 2), count=1)
 
     @gluon.jit
-    def put(self, w: gl.constexpr, n, chunk):
-        """Consumer w: its n-th dQ chunk (float32 registers) into its ring, for the writer."""
+    def put(self, w: gl.constexpr, n, chunk, TRANSPOSED: gl.constexpr = False):
+        """Consumer w: its n-th dQ chunk (float32 registers; TRANSPOSED: [DQ_COLS, BLOCK_M]) into its ring, for
+        the writer."""
         slot = w * self.STAGES + n % self.STAGES
         mbarrier.wait(self.empty.index(slot), ((n // self.STAGES) & 1) ^ 1)
-        self.dq.index(slot).store(chunk)
+        if TRANSPOSED:
+            self.dq.index(slot).permute((1, 0)).store(chunk)
+        else:
+            self.dq.index(slot).store(chunk)
         fence_async_shared()
         mbarrier.arrive(self.full.index(slot), count=1)
 
