@@ -242,6 +242,8 @@ def _one_pass_block(m0, it, t, dk, dv, kv_ops, qdo, stats, stage, grads, tile, o
         if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):
             C: gl.constexpr = WG if stage.CHUNKS == 2 else 0
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(_dq_chunk(it, t, C, kv_ops, stage, BLOCK_M), ))
+            if BLOCK_M < WG_ROWS:  # computed transposed (_dq_chunk)
+                dq = gl.permute(dq, (1, 0))
             store_rows(grads.DQ + i_h * grads.stride_dqh + C * DQ_COLS, grads.stride_dqt,
                        (dq * grads.scale).to(dtype), m0, tile.q_start, tile.q_len)
         stage.free_ds(it)

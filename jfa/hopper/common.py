@@ -69,7 +69,7 @@ def store_rows(base, stride_t, x, r0, start, length):
     VEC: gl.constexpr = 8  # 16-bit elements per 16 bytes
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (HEAD_DIM // VEC), HEAD_DIM // VEC], [4, 1], [1, 0])
     x = gl.convert_layout(x, layout)
-    rows = r0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, layout))
+    rows = r0 + gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, layout))
     cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout)), 0)
     gl.store(base + gl.expand_dims((start + rows).to(gl.int64) * stride_t, 1) + cols, x,
              mask=gl.expand_dims(rows < length, 1))

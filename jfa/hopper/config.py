@@ -92,6 +92,8 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE, mean_q_len: float = float("inf
     D=128 (0.98-1.01x) (session 5; at D=64 it wins: KV_SLOTS)."""
     if dq == DQ_REDUCE and head_dim > 64 and mean_q_len <= SHORT_Q:  # see SHORT_Q
         return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS)
+    if dq == DQ_DIRECT and head_dim > 64:  # EXPERIMENT: short sequences in 32-row blocks, two K/V sets
+        return DkdvConfig(block_m=32, dq=dq, stages=DIRECT_STAGES, dq_stages=1, kv_slots=KV_SLOTS)
     if dq != DQ_NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16
         # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
         return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
@@ -111,6 +113,7 @@ KV_SLOTS = 2
 # targets-32 one pass 2.197 / 2.187 -> 1.566 / 1.563 ms, backward 2.253 / 2.254 -> 1.629 / 1.627 (main / this, one
 # call, session 12)
 SHORT_Q = 32
+DIRECT_STAGES = 2
 
 
 def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> int:
