@@ -113,7 +113,7 @@ KV_SLOTS = 2
 # targets-32 one pass 2.197 / 2.187 -> 1.566 / 1.563 ms, backward 2.253 / 2.254 -> 1.629 / 1.627 (main / this, one
 # call, session 12)
 SHORT_Q = 32
-DIRECT_STAGES = 2
+DIRECT_STAGES = 3
 
 
 def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> int:
