@@ -89,10 +89,11 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE, mean_q_len: float = float("inf
     Every item runs its query blocks as a masked head, a mask-free bulk and a masked tail (+3-8% over a
     test per block, session 5). D=128: serial, which spills (400 B now) and still beat 32-row blocks by 8-17%
     (session 5). Tried and lost: dQ fused by float32 atomics (0.71-0.95x), K/V double-buffered across items at
-    D=128 (0.98-1.01x) (session 5; at D=64 it wins: KV_SLOTS)."""
+    D=128 with 64-row blocks (0.98-1.01x) (session 5; at D=64 it wins: KV_SLOTS, and at D=128 beside 32-row
+    blocks: SHORT_Q, DIRECT_STAGES)."""
     if dq == DQ_REDUCE and head_dim > 64 and mean_q_len <= SHORT_Q:  # see SHORT_Q
         return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS)
-    if dq == DQ_DIRECT and head_dim > 64:  # EXPERIMENT: short sequences in 32-row blocks, two K/V sets
+    if dq == DQ_DIRECT and head_dim > 64:  # see DIRECT_STAGES
         return DkdvConfig(block_m=32, dq=dq, stages=DIRECT_STAGES, dq_stages=1, kv_slots=KV_SLOTS)
     if dq != DQ_NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16
         # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
@@ -111,8 +112,13 @@ KV_SLOTS = 2
 # the head dim, not the 32 rows), and the room this frees (ring, dS and dQ staging at half size) holds a second K/V
 # set, so the next item's K/V load while this one runs (209 KiB, 124 B of spills against the 64-row one pass's 804).
 # targets-32 one pass 2.197 / 2.187 -> 1.566 / 1.563 ms, backward 2.253 / 2.254 -> 1.629 / 1.627 (main / this, one
-# call, session 12)
+# call, session 12). Tried with it and lost (same call as the direct route's below): 3 ring stages 1.678 / 1.679 ms,
+# two float32 dQ chunks in flight 1.751 / 1.748, against 1.641 / 1.644
 SHORT_Q = 32
+# The direct route at D=128 (short sequences, every one a single item) takes the same 32-row blocks with transposed
+# dQ and two K/V sets, with this many ring stages (209 KiB, 304 B of spills; the 64-row form: 181 KB, 1004 B):
+# short-128 backward 2.579 / 2.567 -> 2.312 / 2.315 ms with 2 stages, 2.294 / 2.300 with 3 (dK/dV with dQ 2.176 ->
+# 1.90 / 1.88) (main / these, one call, session 12)
 DIRECT_STAGES = 3
 
 
