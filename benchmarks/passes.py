@@ -3,11 +3,12 @@ and with a rebuild, the forward, Delta, the one-pass backward kernel, the two-pa
 and with the direct dQ of single-key-tile sequences) and dQ pass (whole, and skipping those sequences), and each
 whole backward (Delta, zeroing, casts included; given the longest sequence's keys, as `jfa bench`'s calls are).
 
-    python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100]
+    python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100] [--calls N]
 
 One line per workload: each part's median ms (triton.testing.do_bench) and, for the kernels, TF/s over the
 matmuls each one does (forward 2 of 2; one pass 5, dK/dV 4 and dQ 3 of the backward's 5). Use it to see which part a
-change moved; `jfa bench` is the end-to-end number against the peers.
+change moved; `jfa bench` is the end-to-end number against the peers. --calls N: no timing, each part called N
+times, for a profiler (scripts/profile.sh runs ncu on it).
 """
 import argparse
 
@@ -67,6 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated workload names (default: the whole suite)")
     p.add_argument("--parts", help="comma-separated parts to time (default: all), e.g. 'forward,backward (default)'")
     p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--calls", type=int, help="call each part this many times, untimed (for a profiler)")
     args = p.parse_args(argv)
     wanted = None if args.parts is None else set(args.parts.split(","))
     _, workloads = suite.load_suite()
@@ -76,6 +78,12 @@ def main(argv=None) -> int:
         cells = []
         for name, (fn, share, phase) in parts(inp).items():
             if wanted is not None and name not in wanted:
+                continue
+            if args.calls:
+                for _ in range(args.calls):
+                    fn()
+                torch.cuda.synchronize()
+                cells.append(f"{name} called {args.calls}x")
                 continue
             ms = do_bench(fn, warmup=25, rep=args.rep_ms, return_mode="median")
             flops = {"fwd": fwd_flops, "bwd": bwd_flops}.get(phase, 0) * share
