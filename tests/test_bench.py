@@ -158,6 +158,30 @@ def test_inputs_and_prefix():
     assert runner.gate_prefix(inp, budget=1 << 20, max_seqs=2) == 2
 
 
+def test_self_attention_inputs_share_one_offsets_tensor(monkeypatch):
+    """Self-attention's callers pass one offsets tensor (jfa: kv_offsets=None): the suite's inputs hold one, its
+    prefix and the fresh-offsets probe keep it one, and jfa's provider calls jfa that way."""
+    from jfa.bench import providers
+    from jfa.bench.providers import _new_offsets_ms
+    w = suite.Workload("t", "self", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16,
+                       lengths=(9, 2))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+    assert inp.kv_offsets is inp.q_offsets and inp.q_offsets.tolist() == [0, 9, 11]
+    sub = inp.prefix(1)
+    assert sub.kv_offsets is sub.q_offsets and sub.q_offsets.tolist() == [0, 9]
+    seen = []
+    _new_offsets_ms(lambda qo, ko: seen.append(ko is qo), inp, reps=1)
+    assert seen and all(seen)
+    cross = suite.Workload("c", "cross", batch=3, q_len=4, heads_q=2, heads_kv=2, head_dim=16, lengths=(9, 2, 5),
+                           dist="file", window=(-1, 0))
+    assert suite.make_inputs(cross, device="cpu", dtype=torch.float32).kv_offsets is not None
+    calls = []
+    monkeypatch.setattr(providers.jfa, "jagged_attention", lambda *a, **kw: calls.append(a[4]))
+    fn, _ = providers.Jfa("reference").build(inp)
+    fn()
+    assert calls == [None]
+
+
 def test_new_offsets_cost_is_the_extra_time_of_fresh_offsets():
     """jfa's "new offsets" column: the forward's extra wall time when its offsets are new tensors (a schedule
     build on the hopper backend), measured here on a call that takes 30 ms longer for unseen offsets."""

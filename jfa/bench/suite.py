@@ -251,8 +251,10 @@ class Inputs:
         qo, ko = int(self.q_offsets[n]), int(self.kv_offsets[n])
         q = self.q if self.workload.broadcast else self.q[:qo]
         leaf = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
-        return Inputs(self.workload, leaf(q), leaf(self.k[:ko]), leaf(self.v[:ko]), self.q_offsets[:n + 1],
-                      self.kv_offsets[:n + 1], self.q_lens[:n], self.kv_lens[:n], self.dout[:qo])
+        q_offsets = self.q_offsets[:n + 1]
+        kv_offsets = q_offsets if self.kv_offsets is self.q_offsets else self.kv_offsets[:n + 1]
+        return Inputs(self.workload, leaf(q), leaf(self.k[:ko]), leaf(self.v[:ko]), q_offsets, kv_offsets,
+                      self.q_lens[:n], self.kv_lens[:n], self.dout[:qo])
 
 
 def offsets_of(lens: torch.Tensor, device) -> torch.Tensor:
@@ -277,4 +279,8 @@ def make_inputs(w: Workload, device="cuda", dtype=torch.bfloat16, seed: int = 0)
     k = randn(tk, w.heads_kv, w.head_dim).requires_grad_(True)
     v = randn(tk, w.heads_kv, w.head_dim).requires_grad_(True)
     dout = randn(rows, w.heads_q, w.head_dim)
-    return Inputs(w, q, k, v, offsets_of(q_lens, device), offsets_of(kv_lens, device), q_lens, kv_lens, dout)
+    q_offsets = offsets_of(q_lens, device)
+    # self-attention: one offsets tensor for both sides, as its callers pass it (jfa: kv_offsets=None; the
+    # FlashAttention peers: the same cu_seqlens twice)
+    kv_offsets = q_offsets if w.mode == "self" else offsets_of(kv_lens, device)
+    return Inputs(w, q, k, v, q_offsets, kv_offsets, q_lens, kv_lens, dout)
