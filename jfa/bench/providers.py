@@ -106,8 +106,9 @@ def _new_offsets_ms(call, inp, reps: int = 7) -> float:
         for _ in range(reps):
             qo, ko = inp.q_offsets, inp.kv_offsets
             if fresh:  # (self-attention's one tensor stays one)
-                qo, ko = qo.clone(), (None if ko is qo else ko.clone())
-                ko = qo if ko is None else ko
+                shared = ko is qo
+                qo = qo.clone()
+                ko = qo if shared else ko.clone()
             _sync(inp.q.device)
             t0 = time.perf_counter()
             with torch.no_grad():
