@@ -144,6 +144,8 @@ def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d, monkeypatch):
     kw.setdefault("hkv", 4)
     case = make_case(**kw, d=d, dtype=torch.bfloat16, device="cuda", seed=d)
     for max_lens in (True, False):
+        # freed NaNs for the caching allocator to hand out again: a row no kernel writes cannot pass as zeros
+        torch.full((1 << 24, ), float("nan"), device="cuda")
         out, lse, grads = run_backend(case, "hopper", max_lens=max_lens)
         failures = compare(case, out, lse, grads)
         assert not failures, "\n".join(failures)
