@@ -64,8 +64,9 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
     """Random inputs. Self-attention when kv_lens is None; broadcast mode when broadcast_lq is an int
     (then q_lens is ignored and kv_lens gives the B sequences)."""
     g = torch.Generator().manual_seed(seed)
-    kv_lens = q_lens if kv_lens is None else kv_lens
     broadcast = broadcast_lq is not None
+    self_attention = kv_lens is None and not broadcast
+    kv_lens = q_lens if kv_lens is None else kv_lens
     if broadcast:
         rows_q, q_offsets = broadcast_lq, offsets_of([broadcast_lq] * len(kv_lens), device, offsets_dtype)
         rows_out = broadcast_lq * len(kv_lens)
@@ -78,9 +79,10 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
     left, right = resolve_window(causal, window)
-    return Case(rnd(rows_q, hq, d), rnd(rows_k, hkv, d), rnd(rows_k, hkv, d), q_offsets,
-                offsets_of(kv_lens, device, offsets_dtype), rnd(rows_out, hq, d), left, right, broadcast,
-                1.0 / math.sqrt(d))
+    # self-attention: one offsets tensor for both sides, as its callers pass it
+    kv_offsets = q_offsets if self_attention else offsets_of(kv_lens, device, offsets_dtype)
+    return Case(rnd(rows_q, hq, d), rnd(rows_k, hkv, d), rnd(rows_k, hkv, d), q_offsets, kv_offsets,
+                rnd(rows_out, hq, d), left, right, broadcast, 1.0 / math.sqrt(d))
 
 
 def reference_results(case: Case, compute_dtype=torch.float64):

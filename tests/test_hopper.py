@@ -134,9 +134,10 @@ def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d, monkeypatch):
     """A max_kv_len within the dK/dV pass's key tile: every dQ comes from the dK/dV pass (DQ_DIRECT) and the dQ
     pass is not launched; against the reference. Without the bound the dQ pass runs (it cannot know)."""
     from jfa.hopper import bwd
-    launched = []
-    real = bwd.dq_pass
+    launched, unfilled = [], []
+    real, real_buffer = bwd.dq_pass, bwd.dq_buffer
     monkeypatch.setattr(bwd, "dq_pass", lambda *args, **kw: launched.append(kw) or real(*args, **kw))
+    monkeypatch.setattr(bwd, "dq_buffer", lambda *args: unfilled.append(args[-1]) or real_buffer(*args))
     kw = dict(MODES[mode], q_lens=SHORT_LENS)
     if "kv_lens" in kw:
         kw["kv_lens"] = SHORT_LENS[::-1]
@@ -144,10 +145,14 @@ def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d, monkeypatch):
     kw.setdefault("hkv", 4)
     case = make_case(**kw, d=d, dtype=torch.bfloat16, device="cuda", seed=d)
     for max_lens in (True, False):
+        # freed NaNs for the caching allocator to hand out again: a row no kernel writes cannot pass as zeros
+        torch.full((1 << 24, ), float("nan"), device="cuda")
         out, lse, grads = run_backend(case, "hopper", max_lens=max_lens)
         failures = compare(case, out, lse, grads)
         assert not failures, "\n".join(failures)
         assert len(launched) == (0 if max_lens else 1)
+        # self-attention (one offsets tensor) with the bound: dQ's buffer is not zero-filled (the NaNs above)
+        assert unfilled.pop() == (max_lens and case.kv_offsets is case.q_offsets)
 
 
 def test_hopper_backward_is_deterministic():

@@ -389,6 +389,13 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
         KV_SLOTS=cfg.kv_slots, num_warps=4)
 
 
+def dq_buffer(shape, dtype, device, every_row_stored: bool):
+    """dQ's buffer, zeroed (the rows of queries that see no key are written by no kernel) unless every row is
+    stored: in self-attention every query sees its own key, so where the dK/dV pass stores every sequence's dQ
+    (DQ_DIRECT, max_kv_len <= its key tile) it writes every row."""
+    return (torch.empty if every_row_stored else torch.zeros)(shape, device=device, dtype=dtype)
+
+
 def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
              deterministic=False, max_kv_len=None):
     """-> (dq, dk, dv) as jfa.triton.launch.backward: Delta, then by jfa.hopper.config.dq_route one pass for dK,
@@ -411,14 +418,15 @@ def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, 
         batch = num_sms(q.device)
         rows = batch * q.shape[0]
     dq_dtype = torch.float32 if broadcast or route == DQ_REDUCE else q.dtype
-    # zeroed: the rows of queries that see no key are written by no kernel
-    dq = torch.zeros(rows, q.shape[1], q.shape[2], device=q.device, dtype=dq_dtype)
+    # DQ_DIRECT: the dK/dV pass stores the dQ of the sequences with at most its key tile of keys; the dQ pass the
+    # rest, if the caller's bound does not say there is none
+    skip_kv = select_dkdv(q.shape[2], route).block_n if route == DQ_DIRECT else 0
+    direct_only = route == DQ_DIRECT and max_kv_len is not None and max_kv_len <= skip_kv
+    dq = dq_buffer((rows, q.shape[1], q.shape[2]), dq_dtype, q.device, direct_only and q_offsets is kv_offsets)
     # no keys anywhere (a TMA descriptor needs rows: every query saw nothing), or no queries (no key was seen)
     if k.shape[0] == 0 or rows == 0:
-        return sum_broadcast_dq(dq, q, batch, broadcast), dk.zero_(), dv.zero_()
+        return sum_broadcast_dq(dq.zero_(), q, batch, broadcast), dk.zero_(), dv.zero_()
     dkdv(*args, dk, dv, dq, route)
-    # DQ_DIRECT: the dK/dV pass stored the dQ of the sequences with at most its key tile of keys
-    skip_kv = select_dkdv(q.shape[2], route).block_n if route == DQ_DIRECT else 0
-    if route != DQ_REDUCE and not (max_kv_len is not None and max_kv_len <= skip_kv):
+    if route != DQ_REDUCE and not direct_only:
         dq_pass(*args, dq, skip_kv=skip_kv)
     return sum_broadcast_dq(dq, q, batch, broadcast), dk, dv
