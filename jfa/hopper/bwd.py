@@ -97,6 +97,8 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
         tile = work.item(idx, batch, shape.BLOCK_N, BLOCK_M, True)
         if tile.valid:
             kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
+            if kv_ops.POSTED:
+                kv_ops.post(t, tile)
             for w in gl.static_range(2):
                 row = tile.kv_start + tile.start + w * WG_ROWS
                 kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
@@ -280,14 +282,22 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
     t = 0
     first, end = work.bounds()
     for idx in range(first, end):
-        tile = work.item(idx, batch, shape.BLOCK_N, BLOCK_M, True)
-        if tile.valid:
+        if kv_ops.POSTED:  # the item as the producer posted it (DkdvConfig.posted_items), read after the wait
+            valid = work.valid(idx)
+        else:
+            tile = work.item(idx, batch, shape.BLOCK_N, BLOCK_M, True)
+            valid = tile.valid
+        if valid:
+            if kv_ops.POSTED:
+                kv_ops.wait(t, WG)
+                tile = kv_ops.item(t, 4)
             k0 = tile.start + WG * WG_ROWS  # this warpgroup's first key
             offs_n = k0 + gl.arange(0, WG_ROWS, layout=key_rows)
             dk = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             dv = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             n_blocks = gl.maximum(gl.cdiv(tile.hi - tile.lo, BLOCK_M), 0)
-            kv_ops.wait(t, WG)
+            if not kv_ops.POSTED:
+                kv_ops.wait(t, WG)
             # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
             j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.q_len, tile.kv_len, batch.LEFT, batch.RIGHT,
                                            BLOCK_M, WG_ROWS)
@@ -322,7 +332,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE
                        stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                        BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, SERIAL: gl.constexpr,
                        BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
-                       KV_SLOTS: gl.constexpr, num_warps: gl.constexpr):
+                       KV_SLOTS: gl.constexpr, POSTED: gl.constexpr, num_warps: gl.constexpr):
     """ONE_PASS: dQ too (DkdvConfig.one_pass), with the rows' LSE and Delta through shared memory (RowStats):
     through the writer warp into dq_desc's float32 accumulator (DQ_REDUCE), or with DIRECT, only for the sequences
     whose keys fit one item, stored into DQ (q's dtype) by the consumers (DQ_DIRECT). Else neither dq_desc nor DQ
@@ -332,7 +342,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     grads = DkdvGrads.create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
                              stride_dqh, stride_lh, scale, qk_scale)
-    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS)
+    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS, POSTED)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     if ONE_PASS:
         stats = RowStats.alloc(BLOCK_M, STAGES)
@@ -386,7 +396,7 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
         dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], scale, scale * math.log2(math.e), left,
         right, GROUP=q.shape[1] // k.shape[1], BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages,
         SERIAL=cfg.serial, BROADCAST=broadcast, ONE_PASS=cfg.one_pass, DIRECT=cfg.dq == DQ_DIRECT,
-        KV_SLOTS=cfg.kv_slots, num_warps=4)
+        KV_SLOTS=cfg.kv_slots, POSTED=cfg.posted_items, num_warps=4)
 
 
 def dq_buffer(shape, dtype, device, every_row_stored: bool):
