@@ -384,6 +384,12 @@ class ItemOperands:
         gl.thread_barrier()  # every lane's stores before the one elected lane's arrive
 
     @gluon.jit
+    def post_end(self, t):
+        """Producer, after its last item: set t's record says no item (the consumers' loop ends there)."""
+        self.meta.index(t % self.SLOTS).store(gl.full([8], -1, gl.int32, layout=gl.BlockedLayout([8], [32], [1], [0])))
+        gl.thread_barrier()
+
+    @gluon.jit
     def item(self, t, WARPS: gl.constexpr):
         """Consumer (WARPS warps, after wait): item t's Item, as the producer posted it."""
         k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [WARPS], [0]))
