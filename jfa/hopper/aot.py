@@ -86,7 +86,7 @@ def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, route=DQ_NO
     descs = dict(zip(names, bwd.descriptors(x, x, x, x, cfg, dq)))
     constexprs = dict(GROUP=1, BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages, SERIAL=cfg.serial,
                       BROADCAST=broadcast, ONE_PASS=cfg.one_pass,
-                      DIRECT=route == DQ_DIRECT, KV_SLOTS=cfg.kv_slots, num_warps=4)
+                      DIRECT=route == DQ_DIRECT, KV_SLOTS=cfg.kv_slots, POSTED=cfg.posted_items, num_warps=4)
     types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "DQ": f"*{_TL[dtype]}", "LSE": "*fp32",
              "DELTA": "*fp32", "scale": "fp32", "qk_scale": "fp32"}
     name = {DQ_NONE: "hopper_dkdv", DQ_REDUCE: "hopper_bwd", DQ_DIRECT: "hopper_dkdv_dq"}[route]

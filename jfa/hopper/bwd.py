@@ -97,6 +97,8 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
         tile = work.item(idx, batch, shape.BLOCK_N, BLOCK_M, True)
         if tile.valid:
             kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
+            if kv_ops.POSTED:
+                kv_ops.post(t, tile)
             for w in gl.static_range(2):
                 row = tile.kv_start + tile.start + w * WG_ROWS
                 kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
@@ -112,6 +114,11 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
                     qdo.issue(it, q_desc, [q_row, col], do_desc, [tile.q_start + m0, col])
                     it += 1
             t += 1
+    if kv_ops.POSTED:  # the consumers' end mark: a record of no item in the next set, its ready barriers empty
+        kv_ops.acquire(t)
+        kv_ops.post_end(t)
+        for w in gl.static_range(2):
+            kv_ops.skip(t, w)
 
 
 @gluon.jit
@@ -265,7 +272,8 @@ def _one_pass_block(m0, it, t, dk, dv, kv_ops, qdo, stats, stage, grads, tile, o
 
 
 @gluon.jit
-def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, stats, stage, DIRECT: gl.constexpr):
+def _dkdv_item(WG: gl.constexpr, shape, batch, tile, t, it, kv_ops, qdo, grads, stats, stage, DIRECT: gl.constexpr):
+    """Item t (its K/V landed, or waited for here) from block it on: dK, dV (and dQ) -> the next block's count."""
     dtype: gl.constexpr = kv_ops.a.dtype
     HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
@@ -275,45 +283,61 @@ def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, st
                                                          instr_shape=[16, HEAD_DIM, 16])
     key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
     ONE_PASS: gl.constexpr = stage is not None
+    k0 = tile.start + WG * WG_ROWS  # this warpgroup's first key
+    offs_n = k0 + gl.arange(0, WG_ROWS, layout=key_rows)
+    dk = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
+    dv = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
+    n_blocks = gl.maximum(gl.cdiv(tile.hi - tile.lo, BLOCK_M), 0)
+    if not kv_ops.POSTED:
+        kv_ops.wait(t, WG)
+    # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
+    j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.q_len, tile.kv_len, batch.LEFT, batch.RIGHT,
+                                   BLOCK_M, WG_ROWS)
+    if ONE_PASS:  # keys past the sequence's end reach dQ: their blocks take the mask
+        j_hi = gl.where(k0 + WG_ROWS > tile.kv_len, j_lo, j_hi)
+    want_dq = tile.kv_len <= shape.BLOCK_N  # DIRECT: this item holds every key of its sequence
+    for g in range(shape.GROUP):
+        i_h = tile.head * shape.GROUP + g
+        for seg in gl.static_range(3):
+            begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
+            end_j = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
+            for j in range(begin, end_j):
+                if ONE_PASS:
+                    dk, dv = _one_pass_block(tile.lo + j * BLOCK_M, it, t, dk, dv, kv_ops, qdo, stats, stage,
+                                             grads, tile, offs_n, batch, i_h, want_dq, WG, BLOCK_M, seg != 1,
+                                             DIRECT)
+                else:
+                    dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, t, dk, dv, kv_ops, qdo, grads, i_h,
+                                         tile, offs_n, batch, WG, BLOCK_M, seg != 1, shape.SERIAL)
+                it += 1
+    kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
+    store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
+               tile.kv_start, tile.kv_len)
+    store_rows(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
+               tile.kv_len)
+    return it
 
+
+@gluon.jit
+def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, stats, stage, DIRECT: gl.constexpr):
+    BLOCK_M: gl.constexpr = shape.BLOCK_M
     it = 0
     t = 0
-    first, end = work.bounds()
-    for idx in range(first, end):
-        tile = work.item(idx, batch, shape.BLOCK_N, BLOCK_M, True)
-        if tile.valid:
-            k0 = tile.start + WG * WG_ROWS  # this warpgroup's first key
-            offs_n = k0 + gl.arange(0, WG_ROWS, layout=key_rows)
-            dk = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
-            dv = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
-            n_blocks = gl.maximum(gl.cdiv(tile.hi - tile.lo, BLOCK_M), 0)
-            kv_ops.wait(t, WG)
-            # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
-            j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.q_len, tile.kv_len, batch.LEFT, batch.RIGHT,
-                                           BLOCK_M, WG_ROWS)
-            if ONE_PASS:  # keys past the sequence's end reach dQ: their blocks take the mask
-                j_hi = gl.where(k0 + WG_ROWS > tile.kv_len, j_lo, j_hi)
-            want_dq = tile.kv_len <= shape.BLOCK_N  # DIRECT: this item holds every key of its sequence
-            for g in range(shape.GROUP):
-                i_h = tile.head * shape.GROUP + g
-                for seg in gl.static_range(3):
-                    begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
-                    end_j = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
-                    for j in range(begin, end_j):
-                        if ONE_PASS:
-                            dk, dv = _one_pass_block(tile.lo + j * BLOCK_M, it, t, dk, dv, kv_ops, qdo, stats, stage,
-                                                     grads, tile, offs_n, batch, i_h, want_dq, WG, BLOCK_M, seg != 1,
-                                                     DIRECT)
-                        else:
-                            dk, dv = _dkdv_block(tile.lo + j * BLOCK_M, it, t, dk, dv, kv_ops, qdo, grads, i_h,
-                                                 tile, offs_n, batch, WG, BLOCK_M, seg != 1, shape.SERIAL)
-                        it += 1
-            kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
+    if kv_ops.POSTED:  # the items as the producer posts them (DkdvConfig.posted_items), up to its end mark
+        kv_ops.wait(0, WG)
+        valid = kv_ops.item(0, 4).valid
+        while valid:
+            it = _dkdv_item(WG, shape, batch, kv_ops.item(t, 4), t, it, kv_ops, qdo, grads, stats, stage, DIRECT)
             t += 1
-            store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
-                       tile.kv_start, tile.kv_len)
-            store_rows(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
-                       tile.kv_len)
+            kv_ops.wait(t, WG)
+            valid = kv_ops.item(t, 4).valid
+    else:
+        first, end = work.bounds()
+        for idx in range(first, end):
+            tile = work.item(idx, batch, shape.BLOCK_N, BLOCK_M, True)
+            if tile.valid:
+                it = _dkdv_item(WG, shape, batch, tile, t, it, kv_ops, qdo, grads, stats, stage, DIRECT)
+                t += 1
 
 
 @gluon.jit
@@ -322,7 +346,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE
                        stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                        BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, SERIAL: gl.constexpr,
                        BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
-                       KV_SLOTS: gl.constexpr, num_warps: gl.constexpr):
+                       KV_SLOTS: gl.constexpr, POSTED: gl.constexpr, num_warps: gl.constexpr):
     """ONE_PASS: dQ too (DkdvConfig.one_pass), with the rows' LSE and Delta through shared memory (RowStats):
     through the writer warp into dq_desc's float32 accumulator (DQ_REDUCE), or with DIRECT, only for the sequences
     whose keys fit one item, stored into DQ (q's dtype) by the consumers (DQ_DIRECT). Else neither dq_desc nor DQ
@@ -332,7 +356,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     grads = DkdvGrads.create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
                              stride_dqh, stride_lh, scale, qk_scale)
-    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS)
+    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS, POSTED)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     if ONE_PASS:
         stats = RowStats.alloc(BLOCK_M, STAGES)
@@ -386,7 +410,7 @@ def dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, b
         dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], scale, scale * math.log2(math.e), left,
         right, GROUP=q.shape[1] // k.shape[1], BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages,
         SERIAL=cfg.serial, BROADCAST=broadcast, ONE_PASS=cfg.one_pass, DIRECT=cfg.dq == DQ_DIRECT,
-        KV_SLOTS=cfg.kv_slots, num_warps=4)
+        KV_SLOTS=cfg.kv_slots, POSTED=cfg.posted_items, num_warps=4)
 
 
 def dq_buffer(shape, dtype, device, every_row_stored: bool):

@@ -7,7 +7,8 @@ partitions are written with.
   Item           one work item: a tile of one sequence and head, and the range of the other side it sees
   Ring           a STAGES-deep ring of two operands' blocks streamed by the producer (K and V, or Q and dO)
   RowStats       beside a Ring's blocks, their rows' statistics (the backward's LSE and Delta)
-  ItemOperands   operands loaded once per item, one block per consumer warpgroup (Q; K and V; Q and dO)
+  ItemOperands   operands loaded once per item, one block per consumer warpgroup (Q; K and V; Q and dO), and
+                 the item's bookkeeping beside them, so the consumers read it from shared memory
 
 The barrier protocol is the same everywhere: a ready barrier (count 1) completes when the producer's TMA bytes
 land (expect-tx); an empty barrier counts one release per consumer, and the producer waits on it with the
@@ -162,6 +163,11 @@ class WorkList:
     @gluon.jit
     def create(tiles, order, sm_start, tile_capacity, heads):
         return WorkList(tiles, order, sm_start, gl.to_tensor(tile_capacity), gl.to_tensor(heads))
+
+    @gluon.jit
+    def valid(self, idx):
+        """Slot idx holds an item (the order's padding holds -1)."""
+        return gl.load(self.order + idx) >= 0
 
     @gluon.jit
     def bounds(self):
@@ -327,22 +333,27 @@ class ItemOperands:
     b: gl.shared_memory_descriptor
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
+    meta: gl.shared_memory_descriptor  # POSTED: [SLOTS, 8] int32, each set's Item (post, item)
     TWO: gl.constexpr
     CONSUMERS: gl.constexpr
     SLOTS: gl.constexpr
+    POSTED: gl.constexpr
 
     @constexpr_function
-    def __init__(self, a, b, ready, empty, TWO, CONSUMERS, SLOTS):
+    def __init__(self, a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED):
         self.a = a
         self.b = b
         self.ready = ready
         self.empty = empty
+        self.meta = meta
         self.TWO = gl.constexpr(TWO)
         self.CONSUMERS = gl.constexpr(CONSUMERS)
         self.SLOTS = gl.constexpr(SLOTS)
+        self.POSTED = gl.constexpr(POSTED)
 
     @gluon.jit
-    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr, SLOTS: gl.constexpr = 1):
+    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr, SLOTS: gl.constexpr = 1,
+              POSTED: gl.constexpr = False):
         a = gl.allocate_shared_memory(a_desc.dtype, [SLOTS * CONSUMERS] + a_desc.block_shape, a_desc.layout)
         b = a
         if TWO:
@@ -353,7 +364,41 @@ class ItemOperands:
             mbarrier.init(empty.index(i), count=CONSUMERS)
         for i in gl.static_range(SLOTS * CONSUMERS):
             mbarrier.init(ready.index(i), count=1)
-        return ItemOperands(a, b, ready, empty, TWO, CONSUMERS, SLOTS)
+        meta = empty
+        if POSTED:
+            plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+            meta = gl.allocate_shared_memory(gl.int32, [SLOTS, 8], plain)
+        return ItemOperands(a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED)
+
+    @gluon.jit
+    def post(self, t, tile):
+        """Producer (1 warp), after acquire and before load: item t's bookkeeping into its set, so the
+        consumers skip WorkList.item's three dependent global loads (ncu, session 13: 15-20% of the consumers'
+        stall samples on targets-32). The load's ready barriers release the stores, the set's empty barrier
+        orders the consumers' reads before the next item's."""
+        k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [1], [0]))
+        rec = gl.where(k == 0, tile.head, gl.where(k == 1, tile.start, gl.where(k == 2, tile.q_start, gl.where(
+            k == 3, tile.q_len, gl.where(k == 4, tile.kv_start, gl.where(k == 5, tile.kv_len, gl.where(
+                k == 6, tile.lo, tile.hi)))))))
+        self.meta.index(t % self.SLOTS).store(rec)
+        gl.thread_barrier()  # every lane's stores before the one elected lane's arrive
+
+    @gluon.jit
+    def post_end(self, t):
+        """Producer, after its last item: set t's record says no item (the consumers' loop ends there)."""
+        self.meta.index(t % self.SLOTS).store(gl.full([8], -1, gl.int32, layout=gl.BlockedLayout([8], [32], [1], [0])))
+        gl.thread_barrier()
+
+    @gluon.jit
+    def item(self, t, WARPS: gl.constexpr):
+        """Consumer (WARPS warps, after wait): item t's Item, as the producer posted it."""
+        k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [WARPS], [0]))
+        rec = self.meta.index(t % self.SLOTS).load(k.type.layout)
+        head = gl.sum(gl.where(k == 0, rec, 0), axis=0)  # (in-thread sums: every lane holds the record)
+        return Item(head >= 0, head, gl.sum(gl.where(k == 1, rec, 0), axis=0), gl.sum(gl.where(k == 2, rec, 0), axis=0),
+                    gl.sum(gl.where(k == 3, rec, 0), axis=0), gl.sum(gl.where(k == 4, rec, 0), axis=0),
+                    gl.sum(gl.where(k == 5, rec, 0), axis=0), gl.sum(gl.where(k == 6, rec, 0), axis=0),
+                    gl.sum(gl.where(k == 7, rec, 0), axis=0))
 
     @gluon.jit
     def acquire(self, t):

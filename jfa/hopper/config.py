@@ -77,6 +77,7 @@ class DkdvConfig:
     dq: int = DQ_NONE  # DQ_NONE, DQ_REDUCE or DQ_DIRECT
     dq_stages: int = 1  # DQ_REDUCE: float32 dQ chunks in flight per consumer
     kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
+    posted_items: bool = False  # the producer posts each item's bookkeeping beside its K/V (ItemOperands.post)
 
     @property
     def one_pass(self) -> bool:
@@ -92,13 +93,14 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE, mean_q_len: float = float("inf
     D=128 with 64-row blocks (0.98-1.01x) (session 5; at D=64 it wins: KV_SLOTS, and at D=128 beside 32-row
     blocks: SHORT_Q, DIRECT_STAGES)."""
     if dq == DQ_REDUCE and head_dim > 64 and mean_q_len <= SHORT_Q:  # see SHORT_Q
-        return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS)
+        return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS, posted_items=True)
     if dq == DQ_DIRECT and head_dim > 64:  # see DIRECT_STAGES
-        return DkdvConfig(block_m=32, dq=dq, stages=DIRECT_STAGES, dq_stages=1, kv_slots=KV_SLOTS)
+        return DkdvConfig(block_m=32, dq=dq, stages=DIRECT_STAGES, dq_stages=1, kv_slots=KV_SLOTS,
+                          posted_items=True)
     if dq != DQ_NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x 16
         # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
         return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
-                          kv_slots=KV_SLOTS if head_dim <= 64 else 1)
+                          kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=head_dim <= 64)
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1)
 
 
