@@ -57,8 +57,8 @@ HOPPER_WGMMA = {("hopper_fwd", 64): 24, ("hopper_fwd", 128): 64, ("hopper_dkdv",
                 ("hopper_bwd", 128, "short-q"): 168}
 # The one-pass backward (hopper_bwd) spills too: at D=64 the 1-warp producer (24 registers) around its LSE/Delta
 # loads, at D=128 the consumers' loop scalars (dK, dV, dQ accumulators and S^T take 160 of 240 registers).
-HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 80, ("hopper_bwd", 128): 810,
-                       ("hopper_dkdv_dq", 64): 100, ("hopper_dkdv_dq", 128): 310}
+HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 50, ("hopper_bwd", 128): 810,
+                       ("hopper_bwd", 128, "short-q"): 90, ("hopper_dkdv_dq", 64): 80, ("hopper_dkdv_dq", 128): 180}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
         key = (r["kernel"], r["d"])
         assert r["wgmma"] == HOPPER_WGMMA.get(key + (r["form"], ), HOPPER_WGMMA[key]) and r["tma"] > 0, r
         assert r["regs"] <= 255, r
-        assert r["spill"] <= HOPPER_SPILL_BUDGET.get(key, 0), r
+        assert r["spill"] <= HOPPER_SPILL_BUDGET.get(key + (r["form"], ), HOPPER_SPILL_BUDGET.get(key, 0)), r
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"
         assert r["producer_ok"], f"{r}: the TMA producer's K/V loop bounds are not recomputed per item"
         assert r["atomics"] == 0, r

@@ -9,9 +9,10 @@ jfa/triton/kernels/bwd.py, computed transposed (S^T = K Q^T, so no tile is trans
 Each CTA loops over its items (key tile of BLOCK_N = 128 keys, kv head), costed by the query blocks that see
 the tile (jfa.hopper.config.key_tile_schedule). Partitions:
 
-  load      1 warp: per item, the K and V rows of both consumers (ItemOperands), then (Q, dO) blocks of
-            BLOCK_M query rows, for every query head of the GQA group, through a STAGES-deep Ring (one pass:
-            with the rows' LSE and Delta, RowStats).
+  load      1 warp: per item, the K and V rows of both consumers (ItemOperands; with posted_items the item's
+            bookkeeping beside them, and after the last item an end mark), then (Q, dO) blocks of BLOCK_M query
+            rows, for every query head of the GQA group, through a STAGES-deep Ring (one pass: with the rows' LSE
+            and Delta, RowStats).
   dkdv      2 x 4 warps (consumer w owns keys [n0 + 64 w, n0 + 64 w + 64)): per (Q, dO) block, on wgmma:
   (x2)      S^T = K Q^T and dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - Delta);
             dV += P^T dO and dK += dS^T Q; one pass: dQ chunks = dS K (_one_pass_block). dK and dV stay in
@@ -86,6 +87,12 @@ class DkdvGrads:
                          gl.to_tensor(stride_dqh), gl.to_tensor(stride_lh), scale, qk_scale)
 
 
+@constexpr_function
+def _mma_layout(n):
+    """wgmma's register layout for a consumer warpgroup's [64, n] accumulator."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
     HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
@@ -114,11 +121,8 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
                     qdo.issue(it, q_desc, [q_row, col], do_desc, [tile.q_start + m0, col])
                     it += 1
             t += 1
-    if kv_ops.POSTED:  # the consumers' end mark: a record of no item in the next set, its ready barriers empty
-        kv_ops.acquire(t)
-        kv_ops.post_end(t)
-        for w in gl.static_range(2):
-            kv_ops.skip(t, w)
+    if kv_ops.POSTED:
+        kv_ops.close(t)  # the consumers' end mark
 
 
 @gluon.jit
@@ -127,18 +131,14 @@ def _dkdv_block(m0, it, t, dk, dv, kv_ops, qdo, grads, i_h, tile, offs_n, batch,
     """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q.
     MASKED: zero the pairs outside the window and the queries past the sequence's end (else a bulk block).
     SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together.
-    K and V are taken from item t's set here, per block, as the one pass does: with the set's memdescs made once
-    per item outside the block loops, this path's MMAs read shared memory out of bounds at D=64 with two sets
-    (compute-sanitizer on the H200, session 10; the direct route, which takes them per block, passed; this form:
-    0 errors, session 11)."""
+    K and V are taken from item t's set per block: made once per item, this path's MMAs read shared memory out of
+    bounds at D=64 with two sets (compute-sanitizer, session 10; per block: 0 errors, session 11)."""
     k_buf = kv_ops.a_block(t, WG)
     v_buf = kv_ops.b_block(t, WG)
     dtype: gl.constexpr = kv_ops.a.dtype
     HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
+    st_layout: gl.constexpr = _mma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _mma_layout(HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
@@ -192,15 +192,13 @@ def _dq_chunk(it, t, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
     dQ^T[chunk C] = K_0[:, C]^T dS_0^T + K_1[:, C]^T dS_1^T ([DQ_COLS, BLOCK_M]: wgmma's M is 64 rows at least)."""
     stage.wait_ds(it)
     if BLOCK_M < WG_ROWS:
-        dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, BLOCK_M, 16])
+        dqt_layout: gl.constexpr = _mma_layout(BLOCK_M)
         dq = gl.full([DQ_COLS, BLOCK_M], 0.0, gl.float32, layout=dqt_layout)
         for k in gl.static_range(2):
             k_cols_t = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1).permute((1, 0))
             dq = warpgroup_mma(k_cols_t, stage.ds_buffer(it, k), dq, use_acc=k > 0, is_async=True)
     else:
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, DQ_COLS, 16])
+        dq_layout: gl.constexpr = _mma_layout(DQ_COLS)
         dq = gl.full([BLOCK_M, DQ_COLS], 0.0, gl.float32, layout=dq_layout)
         for k in gl.static_range(2):
             k_cols = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1)
@@ -219,8 +217,7 @@ def _one_pass_block(m0, it, t, dk, dv, kv_ops, qdo, stats, stage, grads, tile, o
     dtype: gl.constexpr = kv_ops.a.dtype
     k_buf = kv_ops.a_block(t, WG)
     v_buf = kv_ops.b_block(t, WG)
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
+    st_layout: gl.constexpr = _mma_layout(BLOCK_M)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
     q_buf, do_buf = qdo.wait(it)
@@ -277,10 +274,8 @@ def _dkdv_item(WG: gl.constexpr, shape, batch, tile, t, it, kv_ops, qdo, grads, 
     dtype: gl.constexpr = kv_ops.a.dtype
     HEAD_DIM: gl.constexpr = kv_ops.a.shape[2]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
+    st_layout: gl.constexpr = _mma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _mma_layout(HEAD_DIM)
     key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)
     ONE_PASS: gl.constexpr = stage is not None
     k0 = tile.start + WG * WG_ROWS  # this warpgroup's first key
@@ -320,10 +315,12 @@ def _dkdv_item(WG: gl.constexpr, shape, batch, tile, t, it, kv_ops, qdo, grads, 
 
 @gluon.jit
 def _dkdv_partition(WG: gl.constexpr, shape, work, batch, kv_ops, qdo, grads, stats, stage, DIRECT: gl.constexpr):
+    """Consumer WG's items: as posted (each read after its K/V wait, up to the end mark: no global load per
+    item, DkdvConfig.posted_items), or from the schedule (WorkList.item's three dependent loads per slot)."""
     BLOCK_M: gl.constexpr = shape.BLOCK_M
     it = 0
     t = 0
-    if kv_ops.POSTED:  # the items as the producer posts them (DkdvConfig.posted_items), up to its end mark
+    if kv_ops.POSTED:
         kv_ops.wait(0, WG)
         valid = kv_ops.item(0, 4).valid
         while valid:

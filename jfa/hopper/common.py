@@ -384,10 +384,14 @@ class ItemOperands:
         gl.thread_barrier()  # every lane's stores before the one elected lane's arrive
 
     @gluon.jit
-    def post_end(self, t):
-        """Producer, after its last item: set t's record says no item (the consumers' loop ends there)."""
+    def close(self, t):
+        """Producer, after its last item t - 1: set t's record says no item, its ready barriers complete empty
+        (the consumers' loop over posted items ends there)."""
+        self.acquire(t)
         self.meta.index(t % self.SLOTS).store(gl.full([8], -1, gl.int32, layout=gl.BlockedLayout([8], [32], [1], [0])))
         gl.thread_barrier()
+        for w in gl.static_range(self.CONSUMERS):
+            self.skip(t, w)
 
     @gluon.jit
     def item(self, t, WARPS: gl.constexpr):

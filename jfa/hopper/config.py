@@ -77,7 +77,7 @@ class DkdvConfig:
     dq: int = DQ_NONE  # DQ_NONE, DQ_REDUCE or DQ_DIRECT
     dq_stages: int = 1  # DQ_REDUCE: float32 dQ chunks in flight per consumer
     kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
-    posted_items: bool = False  # the producer posts each item's bookkeeping beside its K/V (ItemOperands.post)
+    posted_items: bool = False  # the producer posts each item beside its K/V and ends with a mark (see POSTED)
 
     @property
     def one_pass(self) -> bool:
@@ -122,6 +122,13 @@ SHORT_Q = 32
 # short-128 backward 2.579 / 2.567 -> 2.312 / 2.315 ms with 2 stages, 2.294 / 2.300 with 3 (dK/dV with dQ 2.176 ->
 # 1.90 / 1.88) (main / these, one call, session 12)
 DIRECT_STAGES = 3
+# DkdvConfig.posted_items, where the K/V sets are two (D=64, and the 32-row forms at D=128): the producer writes each
+# item's bookkeeping beside its K/V (ItemOperands.post) and an end mark after the last (close), so the consumers
+# never read the schedule: ncu put 15-20% of targets-32's consumer stall samples on WorkList.item's three dependent
+# loads per item and on the slot counter's spill reload before the next. Backward, main -> posted -> with the end
+# mark (one call each, session 13): short-128 2.139 / 2.141 -> 2.056 / 2.057 -> 1.932 / 1.937 ms, targets-32
+# 1.638 / 1.653 -> 1.527 / 1.524 -> 1.391 / 1.390, pma-32-d64 1.126 / 1.129 -> 1.055 / 1.050 -> 1.025 / 1.022.
+# The 64-row one pass at D=128 (one set) keeps the schedule: posting there compiled to 2,048 B of spills (804)
 
 
 def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> int:
