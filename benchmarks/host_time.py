@@ -1,12 +1,13 @@
-"""Host (CPU) time per call of jfa's forward on suite workloads (bf16, an sm_90 GPU): what a call costs before
-its kernels run, which do_bench counts whenever it exceeds the GPU time (short batches).
+"""Host (CPU) time per call of jfa's forward and backward on suite workloads (bf16, an sm_90 GPU): what a call
+costs before its kernels run, which do_bench counts whenever it exceeds the GPU time (short batches).
 
     python benchmarks/host_time.py [--only NAME,...] [--calls 300] [--profile]
 
-Per workload, for each layer of the call (the public function as `jfa bench` calls it, with and without grad;
-jfa.hopper.forward alone; its TMA descriptors; the schedule cache's refresh launch; its output allocations):
-"issue" = CPU time per call over `calls` calls issued without a sync, "wall" = the same until the GPU is done
-(issue ~ wall: the loop is host-bound). --profile adds cProfile's top functions of the public call.
+Per workload, for each layer of the call (the public function as `jfa bench` calls it, with and without grad,
+and forward + backward as the bench times it; jfa.hopper.forward and jfa.hopper.backward alone; the forward's
+TMA descriptors, schedule cache refresh launch and output allocations): "issue" = CPU time per call over `calls`
+calls issued without a sync, "wall" = the same until the GPU is done (issue ~ wall: the loop is host-bound).
+--profile adds cProfile's top functions of the public call and of forward + backward.
 """
 import argparse
 import cProfile
@@ -57,9 +58,20 @@ def layers(inp):
         with torch.no_grad():
             return public()
 
+    def fwd_bwd():  # as jfa.bench.runner.measure (do_bench sets the leaves' grads to None)
+        for t in inp.leaves():
+            t.grad = None
+        public().backward(inp.dout)
+
+    args = (inp.q_offsets, inp.kv_offsets, inp.scale, left, right, w.broadcast)  # as benchmarks/passes.py
+    out, lse = hopper.forward(q, k, v, *args)
+
     return {
         "public call, grad": public,
         "public call, no_grad": no_grad,
+        "public fwd + bwd": fwd_bwd,
+        "jfa.hopper.backward": lambda: hopper.backward(inp.dout, None, q, k, v, out, lse, *args,
+                                                       max_kv_len=inp.max_kv),
         "jfa.hopper.forward": lambda: hopper.forward(q, k, v, q_offsets, inp.kv_offsets, inp.scale, left, right,
                                                      w.broadcast),
         "TMA descriptors x3": lambda: fwd.descriptors(q, k, v, cfg),
@@ -82,16 +94,16 @@ def main(argv=None) -> int:
         for name, fn in fns.items():
             issue, wall = per_call_us(fn, args.calls)
             print(f"{w.name:18s} {name:22s} issue {issue:7.1f} us/call  wall {wall:7.1f} us/call", flush=True)
-        if args.profile:
+        for name in ("public call, grad", "public fwd + bwd") if args.profile else ():
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(200):
-                fns["public call, grad"]()
+                fns[name]()
             prof.disable()
             torch.cuda.synchronize()
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
-            print(out.getvalue())
+            print(f"== {name}\n{out.getvalue()}")
     return 0
 
 
