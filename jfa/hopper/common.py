@@ -165,11 +165,6 @@ class WorkList:
         return WorkList(tiles, order, sm_start, gl.to_tensor(tile_capacity), gl.to_tensor(heads))
 
     @gluon.jit
-    def valid(self, idx):
-        """Slot idx holds an item (the order's padding holds -1)."""
-        return gl.load(self.order + idx) >= 0
-
-    @gluon.jit
     def bounds(self):
         """[first, end): this CTA's slots of the schedule's order."""
         i_sm = gl.program_id(0)
@@ -324,6 +319,12 @@ class RowStats:
         return self.buf.index(2 * slot).load(layout), self.buf.index(2 * slot + 1).load(layout)
 
 
+@gluon.jit
+def _field(rec, k, i: gl.constexpr):
+    """Field i of a posted record (every lane holds all of it: an in-thread sum)."""
+    return gl.sum(gl.where(k == i, rec, 0), axis=0)
+
+
 @aggregate
 class ItemOperands:
     """One block of one or two operands per consumer warpgroup, loaded once per item, in SLOTS sets used by items in
@@ -379,7 +380,7 @@ class ItemOperands:
         k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [1], [0]))
         rec = gl.where(k == 0, tile.head, gl.where(k == 1, tile.start, gl.where(k == 2, tile.q_start, gl.where(
             k == 3, tile.q_len, gl.where(k == 4, tile.kv_start, gl.where(k == 5, tile.kv_len, gl.where(
-                k == 6, tile.lo, tile.hi)))))))
+                k == 6, tile.lo, tile.hi)))))))  # Item's fields in order, valid aside (item: head >= 0)
         self.meta.index(t % self.SLOTS).store(rec)
         gl.thread_barrier()  # every lane's stores before the one elected lane's arrive
 
@@ -398,11 +399,9 @@ class ItemOperands:
         """Consumer (WARPS warps, after wait): item t's Item, as the producer posted it."""
         k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [WARPS], [0]))
         rec = self.meta.index(t % self.SLOTS).load(k.type.layout)
-        head = gl.sum(gl.where(k == 0, rec, 0), axis=0)  # (in-thread sums: every lane holds the record)
-        return Item(head >= 0, head, gl.sum(gl.where(k == 1, rec, 0), axis=0), gl.sum(gl.where(k == 2, rec, 0), axis=0),
-                    gl.sum(gl.where(k == 3, rec, 0), axis=0), gl.sum(gl.where(k == 4, rec, 0), axis=0),
-                    gl.sum(gl.where(k == 5, rec, 0), axis=0), gl.sum(gl.where(k == 6, rec, 0), axis=0),
-                    gl.sum(gl.where(k == 7, rec, 0), axis=0))
+        head = _field(rec, k, 0)
+        return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), _field(rec, k, 3), _field(rec, k, 4),
+                    _field(rec, k, 5), _field(rec, k, 6), _field(rec, k, 7))
 
     @gluon.jit
     def acquire(self, t):
