@@ -68,7 +68,7 @@ def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, mean_kv_len=
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg)))
     constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-                      BROADCAST=broadcast, COALESCED=cfg.coalesced_store, num_warps=4)
+                      BROADCAST=broadcast, COALESCED=cfg.coalesced_store, POSTED=cfg.posted_items, num_warps=4)
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
     return _compile("hopper_fwd", fwd.hopper_fwd_kernel, descs, constexprs, types, head_dim, dtype,
                     **cfg.launch_options())

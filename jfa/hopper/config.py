@@ -17,6 +17,7 @@ class FwdConfig:
     block_n: int = 128  # keys per K/V block
     stages: int = 3  # K/V ring depth (the ring and Q fit in the 227 KB of shared memory at D=128)
     coalesced_store: bool = False  # O in 16-byte pieces through a shared-memory layout conversion (fwd._store)
+    posted_items: bool = False  # the producer posts each item beside its Q, then an end mark (ItemOperands.post)
 
     @property
     def block_m(self) -> int:
@@ -43,12 +44,14 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     bookkeeping (+-3%), pairs of heads per tile for short query blocks (+4% on pma-64 only) (sessions 3-4), O's
     rescale moved behind the next S as FlashAttention-3 does (-2% to +2%, session 8), a second Q buffer for the next
     item (no effect), each short block's K/V as two 64-row boxes, the second only where it holds keys (short-128
-    -3.5%) (session 9)."""
+    -3.5%) (session 9). The one-consumer short forms take posted items (the note after select_dkdv): short-128
+    0.730 / 0.735 -> 0.671 / 0.685 ms, pma-32-d64 0.328 / 0.328 -> 0.322 / 0.324; the two-consumer and long forms
+    even (session 14)."""
     if head_dim > 64 and mean_kv_len <= SHORT_TILE_KV:  # see SHORT_TILE_KV
-        return FwdConfig(consumers=1, block_n=64, stages=2, coalesced_store=True)
+        return FwdConfig(consumers=1, block_n=64, stages=2, coalesced_store=True, posted_items=True)
     consumers = 1 if head_dim <= 64 else 2
     if mean_kv_len <= SHORT_KV:
-        return FwdConfig(consumers=consumers, stages=2, coalesced_store=True)
+        return FwdConfig(consumers=consumers, stages=2, coalesced_store=True, posted_items=consumers == 1)
     return FwdConfig(consumers=consumers)
 
 
@@ -77,7 +80,7 @@ class DkdvConfig:
     dq: int = DQ_NONE  # DQ_NONE, DQ_REDUCE or DQ_DIRECT
     dq_stages: int = 1  # DQ_REDUCE: float32 dQ chunks in flight per consumer
     kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
-    posted_items: bool = False  # the producer posts each item beside its K/V and ends with a mark (see POSTED)
+    posted_items: bool = False  # each item posted beside its K/V, then an end mark (the note after select_dkdv)
 
     @property
     def one_pass(self) -> bool:
@@ -101,7 +104,7 @@ def select_dkdv(head_dim: int, dq: int = DQ_NONE, mean_q_len: float = float("inf
         # KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%, session 7)
         return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
                           kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=head_dim <= 64)
-    return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1)
+    return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
 
 
 # K/V sets of the dK/dV kernel at D=64: two, so the next item's K/V load while this one runs (short items wait on
@@ -128,7 +131,9 @@ DIRECT_STAGES = 3
 # loads per item and on the slot counter's spill reload before the next. Backward, main -> posted -> with the end
 # mark (one call each, session 13): short-128 2.139 / 2.141 -> 2.056 / 2.057 -> 1.932 / 1.937 ms, targets-32
 # 1.638 / 1.653 -> 1.527 / 1.524 -> 1.391 / 1.390, pma-32-d64 1.126 / 1.129 -> 1.055 / 1.050 -> 1.025 / 1.022.
-# The 64-row one pass at D=128 (one set) keeps the schedule: posting there compiled to 2,048 B of spills (804)
+# The 64-row one pass at D=128 (one set) keeps the schedule: posting there compiled to 2,048 B of spills (804).
+# The pass without dQ posts too (D=128 spills 396 -> 340 B): pma-64 backward 2.340 / 2.356 -> 2.123 / 2.116 ms,
+# pma-256 even (5.768 / 5.768 -> 5.767 / 5.763) (main / this, one call, session 14)
 
 
 def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> int:

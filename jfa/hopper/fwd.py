@@ -72,6 +72,8 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
         if tile.valid:
             q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
             q_ops.acquire(t)
+            if q_ops.POSTED:
+                q_ops.post(t, tile)
             for w in gl.static_range(shape.CONSUMERS):
                 if tile.start + w * WG_ROWS < tile.q_len:
                     q_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
@@ -82,6 +84,8 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
                 kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
                 it += 1
             t += 1
+    if q_ops.POSTED:
+        q_ops.close(t)  # the consumers' end mark
 
 
 @gluon.jit
@@ -105,6 +109,31 @@ def _softmax(s, m_i, qk_scale):
 
 @gluon.jit
 def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
+    """Consumer WG's items: as posted (read after its Q wait, up to the end mark: FwdConfig.posted_items), or
+    from the schedule (WorkList.item's three dependent loads per slot)."""
+    it = 0
+    t = 0
+    if q_ops.POSTED:
+        q_ops.wait(0, WG)
+        valid = q_ops.item(0, 4).valid
+        while valid:
+            it = _softmax_item(WG, shape, batch, q_ops.item(t, 4), t, it, q_ops, kv, out)
+            t += 1
+            q_ops.wait(t, WG)
+            valid = q_ops.item(t, 4).valid
+    else:
+        first, end = work.bounds()
+        for idx in range(first, end):
+            tile = work.item(idx, batch, shape.BLOCK_M, shape.BLOCK_N, False)
+            if tile.valid:
+                it = _softmax_item(WG, shape, batch, tile, t, it, q_ops, kv, out)
+                t += 1
+
+
+@gluon.jit
+def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
+    """Item t (its Q waited for here unless posted) from K/V block it on: O and LSE of its rows -> the next
+    block's count."""
     BLOCK_N: gl.constexpr = shape.BLOCK_N
     dtype: gl.constexpr = q_ops.a.dtype
     HEAD_DIM: gl.constexpr = q_ops.a.shape[2]
@@ -121,64 +150,58 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
     q_buf = q_ops.a.index(WG)
     qk_scale = out.qk_scale
 
-    it = 0
-    t = 0
-    first, end = work.bounds()
-    for idx in range(first, end):
-        tile = work.item(idx, batch, shape.BLOCK_M, BLOCK_N, False)
-        if tile.valid:
-            row0 = tile.start + WG * WG_ROWS
-            q_len = tile.q_len
-            kv_len = tile.kv_len
-            lo = tile.lo
-            n_blocks = gl.maximum(gl.cdiv(tile.hi - lo, BLOCK_N), 0)
-            # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
-            _, full_lo, full_hi, _ = key_blocks(row0, q_len, kv_len, batch.LEFT, batch.RIGHT, WG_ROWS, BLOCK_N)
-            offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
-            i_row = gl.expand_dims(offs_m, 1)
-            m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)  # row max of raw scores
-            l_i = gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows)
-            acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=o_layout)
-            q_ops.wait(t, WG)
-            if (row0 < q_len) & (n_blocks > 0):
-                # prologue: S of the first block and its softmax
-                s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-                if (lo < full_lo) | (lo >= full_hi):
-                    s = _mask_scores(s, i_row, lo, tile, batch, BLOCK_N, s_cols)
-                p, m_i, alpha = _softmax(s, m_i, qk_scale)
-                l_i = gl.sum(p, axis=1)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                for jb in range(1, n_blocks):
-                    n0 = lo + jb * BLOCK_N
-                    k_buf = kv.wait_a(it + jb)
-                    v_buf = kv.wait_b(it + jb - 1)
-                    s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
-                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
-                    if (n0 < full_lo) | (n0 >= full_hi):
-                        s = _mask_scores(s, i_row, n0, tile, batch, BLOCK_N, s_cols)
-                    p, m_i, alpha = _softmax(s, m_i, qk_scale)
-                    l_i = l_i * alpha + gl.sum(p, axis=1)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
-                    kv.release(it + jb - 1)
-                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-                    p_op = gl.convert_layout(p.to(dtype), p_layout)
-                q_ops.release(t)  # last S issued and done: the producer may load the next Q
-                last = it + n_blocks - 1
-                acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
-                kv.release(last)
-            else:  # rows past the sequence's end, or no keys: hand the buffers back
-                q_ops.release(t)
-                for jb in range(0, n_blocks):
-                    kv.wait_b(it + jb)
-                    kv.wait_a(it + jb)
-                    kv.release(it + jb)
-            it += n_blocks
-            t += 1
-            if row0 < q_len:
-                _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, dtype)
+    row0 = tile.start + WG * WG_ROWS
+    q_len = tile.q_len
+    kv_len = tile.kv_len
+    lo = tile.lo
+    n_blocks = gl.maximum(gl.cdiv(tile.hi - lo, BLOCK_N), 0)
+    # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
+    _, full_lo, full_hi, _ = key_blocks(row0, q_len, kv_len, batch.LEFT, batch.RIGHT, WG_ROWS, BLOCK_N)
+    offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
+    i_row = gl.expand_dims(offs_m, 1)
+    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)  # row max of raw scores
+    l_i = gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows)
+    acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=o_layout)
+    if not q_ops.POSTED:
+        q_ops.wait(t, WG)
+    if (row0 < q_len) & (n_blocks > 0):
+        # prologue: S of the first block and its softmax
+        s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        if (lo < full_lo) | (lo >= full_hi):
+            s = _mask_scores(s, i_row, lo, tile, batch, BLOCK_N, s_cols)
+        p, m_i, alpha = _softmax(s, m_i, qk_scale)
+        l_i = gl.sum(p, axis=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for jb in range(1, n_blocks):
+            n0 = lo + jb * BLOCK_N
+            k_buf = kv.wait_a(it + jb)
+            v_buf = kv.wait_b(it + jb - 1)
+            s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
+            if (n0 < full_lo) | (n0 >= full_hi):
+                s = _mask_scores(s, i_row, n0, tile, batch, BLOCK_N, s_cols)
+            p, m_i, alpha = _softmax(s, m_i, qk_scale)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
+            kv.release(it + jb - 1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        q_ops.release(t)  # last S issued and done: the producer may load the next Q
+        last = it + n_blocks - 1
+        acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
+        kv.release(last)
+    else:  # rows past the sequence's end, or no keys: hand the buffers back
+        q_ops.release(t)
+        for jb in range(0, n_blocks):
+            kv.wait_b(it + jb)
+            kv.wait_a(it + jb)
+            kv.release(it + jb)
+    if row0 < q_len:
+        _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, dtype)
+    return it + n_blocks
 
 
 @gluon.jit
@@ -207,12 +230,13 @@ def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.cons
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot,
                       stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, num_warps: gl.constexpr):
+                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, POSTED: gl.constexpr,
+                      num_warps: gl.constexpr):
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED)
-    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False)
+    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
         gl.warp_specialize([
@@ -252,5 +276,6 @@ def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
         *descriptors(q, k, v, cfg), out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
         out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), left,
         right, GROUP=hq // k.shape[1], BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, num_warps=4, **cfg.launch_options())
+        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, POSTED=cfg.posted_items, num_warps=4,
+        **cfg.launch_options())
     return out, lse
