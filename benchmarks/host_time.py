@@ -1,21 +1,27 @@
 """Host (CPU) time per call of jfa's forward and backward on suite workloads (bf16, an sm_90 GPU): what a call
 costs before its kernels run, which do_bench counts whenever it exceeds the GPU time (short batches).
 
-    python benchmarks/host_time.py [--only NAME,...] [--calls 300] [--profile]
+    python benchmarks/host_time.py [--only NAME,...] [--batch N] [--calls 300] [--profile]
 
 Per workload, for each layer of the call (the public function as `jfa bench` calls it, with and without grad,
 and forward + backward as the bench times it; jfa.hopper.forward and jfa.hopper.backward alone; the forward's
 TMA descriptors, schedule cache refresh launch and output allocations): "issue" = CPU time per call over `calls`
 calls issued without a sync, "wall" = the same until the GPU is done (issue ~ wall: the loop is host-bound).
+A loop whose GPU time exceeds its host time fills the launch queue, and then issue time includes the wait: --batch
+N runs each workload with N sequences of the same length distribution (the same kernel configurations), so the GPU
+keeps up and issue time is the host's. The forward kernel's launch is also split into Triton's parts (its
+JITFunction.run, the argument binder that specializes and keys the kernel, and the compiled kernel's launcher).
 --profile adds cProfile's top functions of the public call and of forward + backward.
 """
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import time
 
 import torch
+from triton import knobs
 
 from jfa import hopper
 from jfa.api import _broadcast_row_offsets
@@ -39,6 +45,35 @@ def per_call_us(fn, calls):
     torch.cuda.synchronize()
     t2 = time.perf_counter()
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def launch_parts(kernel, call):
+    """name -> fn: the kernel's next launch inside call() replayed whole (JITFunction.run), its binder alone and its
+    compiled kernel's launcher alone (Triton 3.6's JITFunction.run, step by step)."""
+    seen = {}
+
+    def spy(*args, grid, warmup, **kwargs):
+        seen.update(args=args, kwargs=kwargs, grid=grid)
+        return type(kernel).run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+
+    kernel.run = spy  # an instance attribute shadows the method for this one call
+    try:
+        call()
+    finally:
+        del kernel.run
+    args, kwargs, grid = seen["args"], seen["kwargs"], seen["grid"]
+    compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
+    device = torch.cuda.current_device()
+    binder = kernel.device_caches[device][4]
+    bind_kwargs = dict(kwargs, debug=False, instrumentation_mode=knobs.compilation.instrumentation_mode)
+    bound = list(binder(*args, **bind_kwargs)[0].values())
+    stream = torch.cuda.current_stream().cuda_stream
+    return {
+        "fwd kernel: jit.run": lambda: kernel.run(*args, grid=grid, warmup=False, **kwargs),
+        "fwd kernel: binder": lambda: binder(*args, **bind_kwargs),
+        "fwd kernel: launcher": lambda: compiled.run(grid[0], 1, 1, stream, compiled.function,
+                                                     compiled.packed_metadata, None, None, None, *bound),
+    }
 
 
 def layers(inp):
@@ -76,6 +111,8 @@ def layers(inp):
                                                      w.broadcast),
         "TMA descriptors x3": lambda: fwd.descriptors(q, k, v, cfg),
         "schedule cache get": lambda: CACHE.get(q_offsets, inp.kv_offsets, spec, k.shape[0]),
+        **launch_parts(fwd.hopper_fwd_kernel, lambda: hopper.forward(q, k, v, q_offsets, inp.kv_offsets, inp.scale,
+                                                                      left, right, w.broadcast)),
         "torch.empty x2": lambda: (torch.empty(rows, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device),
                                    torch.empty(q.shape[1], rows, dtype=torch.float32, device=q.device)),
     }
@@ -84,11 +121,13 @@ def layers(inp):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="pma-32-d64,targets-32", help="comma-separated suite workloads")
+    p.add_argument("--batch", type=int, help="sequences per workload (default: the suite's)")
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--profile", action="store_true", help="cProfile of the public call, top 20 by own time")
     args = p.parse_args(argv)
     _, workloads = suite.load_suite()
     for w in (w for w in workloads if w.name in args.only.split(",")):
+        w = dataclasses.replace(w, batch=args.batch) if args.batch else w
         inp = suite.make_inputs(w, device="cuda", dtype=torch.bfloat16)
         fns = layers(inp)
         for name, fn in fns.items():

@@ -153,3 +153,19 @@ for offsets in ("*i32", "*i64"):
     assert res.returncode == 0, res.stderr[-3000:]
     counts = [[int(x) for x in line.split()[1:]] for line in res.stdout.strip().splitlines()[-2:]]
     assert len(counts) == 2 and all(stores > 0 and atomics > 0 for stores, atomics in counts), res.stdout
+
+
+def test_hopper_tma_descriptor_views_rows_in_place_or_copies():
+    """A TMA descriptor sees x [rows, H, D] as [rows, H*D]: over x itself when a row's heads are contiguous (a fused
+    qkv projection's slice), else over a packed copy with the same values (head-major [H, T, D] seen as [T, H, D])."""
+    import torch
+
+    from jfa.hopper.common import tma_descriptor
+    fused = torch.randn(10, 3, 4, 64).to(torch.bfloat16)[:, 1]
+    d = tma_descriptor(fused, 64)
+    assert d.base.data_ptr() == fused.data_ptr()
+    assert (d.shape, d.strides, d.block_shape) == ([10, 256], [768, 1], [64, 64])
+    head_major = torch.randn(4, 10, 64).to(torch.bfloat16).transpose(0, 1)
+    d = tma_descriptor(head_major, 32, 16)
+    assert d.base.data_ptr() != head_major.data_ptr() and torch.equal(d.base, head_major)
+    assert (d.shape, d.strides, d.block_shape) == ([10, 256], [256, 1], [32, 16])
