@@ -24,11 +24,9 @@ import torch
 from triton import knobs
 
 from jfa import hopper
-from jfa.api import _broadcast_row_offsets
 from jfa.bench import providers, suite
 from jfa.hopper import fwd
-from jfa.hopper.config import query_tile_schedule, select_fwd
-from jfa.jagged import resolve_window
+from jfa.hopper.config import fwd_config, query_tile_schedule
 from jfa.runtime import num_sms
 from jfa.schedule import CACHE
 
@@ -78,16 +76,11 @@ def launch_parts(kernel, call):
 
 def layers(inp):
     """name -> fn: the forward's host work, from the public call down."""
-    w = inp.workload
     public, _ = providers.Jfa().build(inp)
-    left, right = resolve_window(False, tuple(w.window))
-    q, k, v = (t.detach() for t in inp.leaves())
-    batch = inp.kv_offsets.numel() - 1
-    q_offsets = (_broadcast_row_offsets(batch, q.shape[0], inp.kv_offsets.dtype, q.device) if w.broadcast
-                 else inp.q_offsets)
-    cfg = select_fwd(q.shape[2], k.shape[0] / batch)
-    rows = batch * q.shape[0] if w.broadcast else q.shape[0]
-    spec = query_tile_schedule(rows, q.shape[1], cfg.block_m, left, right, num_sms(q.device) * cfg.ctas_per_sm)
+    p = inp.problem("hopper")  # the public call's problem
+    q, k, v, rows = p.q, p.k, p.v, p.rows
+    cfg = fwd_config(p)
+    spec = query_tile_schedule(rows, p.heads, cfg.block_m, p.left, p.right, num_sms(q.device) * cfg.ctas_per_sm)
 
     def no_grad():
         with torch.no_grad():
@@ -98,21 +91,17 @@ def layers(inp):
             t.grad = None
         public().backward(inp.dout)
 
-    args = (inp.q_offsets, inp.kv_offsets, inp.scale, left, right, w.broadcast)  # as benchmarks/passes.py
-    out, lse = hopper.forward(q, k, v, *args)
+    out, lse = hopper.forward(p)
 
     return {
         "public call, grad": public,
         "public call, no_grad": no_grad,
         "public fwd + bwd": fwd_bwd,
-        "jfa.hopper.backward": lambda: hopper.backward(inp.dout, None, q, k, v, out, lse, *args,
-                                                       max_kv_len=inp.max_kv),
-        "jfa.hopper.forward": lambda: hopper.forward(q, k, v, q_offsets, inp.kv_offsets, inp.scale, left, right,
-                                                     w.broadcast),
+        "jfa.hopper.backward": lambda: hopper.backward(p, out, lse, inp.dout, None),
+        "jfa.hopper.forward": lambda: hopper.forward(p),
         "TMA descriptors x3": lambda: fwd.descriptors(q, k, v, cfg),
-        "schedule cache get": lambda: CACHE.get(q_offsets, inp.kv_offsets, spec, k.shape[0]),
-        **launch_parts(fwd.hopper_fwd_kernel, lambda: hopper.forward(q, k, v, q_offsets, inp.kv_offsets, inp.scale,
-                                                                      left, right, w.broadcast)),
+        "schedule cache get": lambda: CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0]),
+        **launch_parts(fwd.hopper_fwd_kernel, lambda: hopper.forward(p)),
         "torch.empty x2": lambda: (torch.empty(rows, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device),
                                    torch.empty(q.shape[1], rows, dtype=torch.float32, device=q.device)),
     }

@@ -17,47 +17,49 @@ from triton.testing import do_bench
 
 from jfa import hopper
 from jfa.bench import suite
+from jfa.bwd_common import delta as bwd_delta
 from jfa.hopper import bwd, bwd_dq
-from jfa.hopper.config import DQ_DIRECT, DQ_REDUCE, query_tile_schedule, select_fwd
-from jfa.jagged import resolve_window
+from jfa.hopper.config import DqRoute, fwd_config, query_tile_schedule, select_dkdv, select_dq
 from jfa.runtime import num_sms
 from jfa.schedule import CACHE
-from jfa.triton.launch import bwd_delta
 
 
 def parts(inp):
     """name -> (fn, share of the phase's FLOPs it does, phase)."""
     w = inp.workload
-    left, right = resolve_window(False, tuple(w.window))
-    q, k, v = (t.detach() for t in inp.leaves())
-    args = (inp.q_offsets, inp.kv_offsets, inp.scale, left, right, w.broadcast)
-    out, lse = hopper.forward(q, k, v, *args)
+    p = inp.problem("hopper", max_kv_len=None)
+    q, k = p.q, p.k
+    out, lse = hopper.forward(p)
     delta = bwd_delta(out, inp.dout, None, lse)
-    bargs = (q, k, v, inp.dout, lse, delta, *args)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk, dv = torch.empty_like(k), torch.empty_like(p.v)
     dq = torch.empty(out.shape, device=q.device, dtype=torch.float32 if w.broadcast else q.dtype)
     dq32 = torch.zeros(out.shape, device=q.device, dtype=torch.float32)  # sums of every timed run: unread
-    hargs = (inp.dout, None, q, k, v, out, lse, *args)
-    cfg = select_fwd(w.head_dim)
-    spec = query_tile_schedule(out.shape[0], w.heads_q, cfg.block_m, left, right, num_sms(q.device) * cfg.ctas_per_sm)
-    sched = CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0])
+    cfg = fwd_config(p)
+    spec = query_tile_schedule(p.rows, p.heads, cfg.block_m, p.left, p.right, num_sms(q.device) * cfg.ctas_per_sm)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
+    one_pass = select_dkdv(p.head_dim, DqRoute.REDUCE, p.rows / p.batch)
+    bounded = p.replace(max_kv_len=inp.max_kv)  # as `jfa bench` calls it
 
     def rebuild():
         sched.seen.fill_(-1)  # forget the offsets: the refresh rebuilds
-        CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0])
+        CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
 
-    timed = {"refresh (hit)": (lambda: CACHE.get(inp.q_offsets, inp.kv_offsets, spec, k.shape[0]), 0, None),
+    def dkdv(route, into=None):
+        return lambda: bwd.dkdv(p, inp.dout, lse, delta, dk, dv, select_dkdv(p.head_dim, route), into)
+
+    timed = {"refresh (hit)": (lambda: CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0]), 0, None),
              "refresh (rebuild)": (rebuild, 0, None),
-             "forward": (lambda: hopper.forward(q, k, v, *args), 1, "fwd"),
+             "forward": (lambda: hopper.forward(p), 1, "fwd"),
              "delta": (lambda: bwd_delta(out, inp.dout, None, lse), 0, None),
-             "one pass": (lambda: bwd.dkdv(*bargs, dk, dv, dq32, DQ_REDUCE), 1, "bwd"),
-             "dkdv": (lambda: bwd.dkdv(*bargs, dk, dv), 4 / 5, "bwd"),
-             "dkdv+direct dq": (lambda: bwd.dkdv(*bargs, dk, dv, dq, DQ_DIRECT), 1, "bwd"),
-             "dq": (lambda: bwd_dq.dq_pass(*bargs, dq), 3 / 5, "bwd"),
-             "dq (skip <= 128 keys)": (lambda: bwd_dq.dq_pass(*bargs, dq, skip_kv=128), 0, None),
-             "backward (default)": (lambda: hopper.backward(*hargs, max_kv_len=inp.max_kv), 1, "bwd"),
-             "backward (deterministic)": (lambda: hopper.backward(*hargs, deterministic=True, max_kv_len=inp.max_kv),
-                                          1, "bwd")}
+             "one pass": (lambda: bwd.dkdv(p, inp.dout, lse, delta, dk, dv, one_pass, dq32), 1, "bwd"),
+             "dkdv": (dkdv(DqRoute.NONE), 4 / 5, "bwd"),
+             "dkdv+direct dq": (dkdv(DqRoute.DIRECT, dq), 1, "bwd"),
+             "dq": (lambda: bwd_dq.dq_pass(p, inp.dout, lse, delta, dq, select_dq(p.head_dim)), 3 / 5, "bwd"),
+             "dq (skip <= 128 keys)": (lambda: bwd_dq.dq_pass(p, inp.dout, lse, delta, dq, select_dq(p.head_dim),
+                                                               skip_kv=128), 0, None),
+             "backward (default)": (lambda: hopper.backward(bounded, out, lse, inp.dout, None), 1, "bwd"),
+             "backward (deterministic)": (lambda: hopper.backward(bounded.replace(deterministic=True), out, lse,
+                                                                  inp.dout, None), 1, "bwd")}
     if w.broadcast:  # broadcast q's dQ sums over the batch: no item has it whole
         del timed["dkdv+direct dq"], timed["dq (skip <= 128 keys)"]
     return timed

@@ -1,4 +1,5 @@
-"""The public functions. One path down: validate -> torch.ops.jfa.attention (jfa.op.attend) -> a backend.
+"""The public functions. One path down: validate (jfa.checks) -> one jfa.problem.Problem -> torch.ops.jfa.attention
+(jfa.op.attend) -> a backend.
 
 Layout: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, packed back to back; offsets ``[B+1]`` int32/int64.
 Visibility: key j of a sequence is visible to its query i when ``i' - left <= j <= i' + right`` with
@@ -13,6 +14,7 @@ from . import checks, nested
 from .backends import select
 from .jagged import resolve_window
 from .op import attend
+from .problem import Problem
 
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
@@ -46,6 +48,19 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
                                   backend=backend, deterministic=deterministic)
         out = nested.to_njt(result[0] if return_lse else result, q_offsets, max_len=max_q_len)
         return (out, result[1]) if return_lse else out
+    p = problem(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len, causal=causal,
+                window=window, scale=scale, backend=backend, deterministic=deterministic)
+    out, lse = attend(p)
+    return (out, lse) if return_lse else out
+
+
+def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_len=None, max_kv_len=None,
+            causal=False, window=(-1, -1), scale=None, backend="auto", deterministic=False) -> Problem:
+    """The jfa.problem.Problem that jagged_attention (or with broadcast=True, broadcast_attention, whose kv
+    offsets are then the fourth argument) solves for these arguments, validated: what the benchmarks and tests
+    hand to a backend directly."""
+    if broadcast:
+        return _broadcast_problem(q, k, v, q_offsets, max_kv_len, causal, window, scale, backend, deterministic)
     q, k, v = checks.check_qkv(q, k, v)
     self_attention = kv_offsets is None
     kv_offsets = q_offsets if self_attention else kv_offsets
@@ -66,8 +81,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
         else:
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
             checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
-    return _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic,
-                max_kv_len, broadcast=False)
+    return _finish(q, k, v, q_offsets, kv_offsets, False, max_q_len, max_kv_len, causal, window, scale, backend,
+                   deterministic)
 
 
 def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None,
@@ -81,18 +96,22 @@ def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, w
         out ``[B, Lq, Hq, D]``, or ``(out, lse)`` with lse ``[Hq, B*Lq]`` (rows in the order of
         ``out.reshape(B*Lq, Hq, D)``). The gradient of q is the sum over the batch (accumulated in float32).
     """
+    p = problem(q, k, v, kv_offsets, broadcast=True, max_kv_len=max_kv_len, causal=causal, window=window,
+                scale=scale, backend=backend, deterministic=deterministic)
+    out, lse = attend(p)
+    out = out.view(p.batch, p.q.shape[0], p.heads, p.head_dim)
+    return (out, lse) if return_lse else out
+
+
+def _broadcast_problem(q, k, v, kv_offsets, max_kv_len, causal, window, scale, backend, deterministic):
     q, k, v = checks.check_qkv(q, k, v, dense_q=True)
     checks.check_offsets_meta("kv_offsets", kv_offsets, q.device)
     checks.check_max_len("max_kv_len", max_kv_len)
     if checks.offsets_values_checked([kv_offsets], max_kv_len is not None):
         checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
-    batch, lq = kv_offsets.numel() - 1, q.shape[0]
-    q_offsets = _broadcast_row_offsets(batch, lq, kv_offsets.dtype, q.device)
-    out = _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic,
-               max_kv_len, broadcast=True)
-    if return_lse:
-        return out[0].view(batch, lq, q.shape[1], q.shape[2]), out[1]
-    return out.view(batch, lq, q.shape[1], q.shape[2])
+    q_offsets = _broadcast_row_offsets(kv_offsets.numel() - 1, q.shape[0], kv_offsets.dtype, q.device)
+    return _finish(q, k, v, q_offsets, kv_offsets, True, q.shape[0], max_kv_len, causal, window, scale, backend,
+                   deterministic)
 
 
 _ROW_OFFSETS: dict = {}
@@ -118,14 +137,14 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
     return offsets
 
 
-def _run(q, k, v, q_offsets, kv_offsets, causal, window, scale, return_lse, backend, deterministic, max_kv_len,
-         broadcast):
+def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, causal, window, scale, backend,
+            deterministic) -> Problem:
+    """The checks every call shares, then the Problem."""
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
     scale = checks.check_scale(scale, q.shape[2])
     backend = select(backend, q.device, q.shape[2], q.dtype)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    out, lse = attend(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic,
-                      max_kv_len)
-    return (out, lse) if return_lse else out
+    return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, max_q_len, max_kv_len, backend,
+                   deterministic)

@@ -4,10 +4,9 @@
   triton     portable Triton kernels (jfa.triton): CUDA, or CPU tensors through Triton's interpreter
   hopper     sm_90 fast path (jfa.hopper): warp-specialized Gluon forward, D 64/128, bf16/fp16; "auto"'s
              pick where it applies
-A backend is a pair forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast) -> (out, lse)
-and backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-deterministic=False, max_kv_len=None) -> grads (deterministic: the same bits run to run; the reference and triton
-backends always are; max_kv_len: the caller's bound on any sequence's keys, or None; hopper skips work by it).
+A backend is a pair forward(problem) -> (out, lse) and backward(problem, out, lse, dout, dlse) -> (dq, dk, dv),
+problem a jfa.problem.Problem (its ``deterministic``: the same bits run to run, which the reference and triton
+backends always give; its ``max_kv_len``: the caller's bound on any sequence's keys, by which hopper skips work).
 """
 from __future__ import annotations
 
@@ -21,15 +20,14 @@ from . import reference
 from . import triton as triton_backend
 
 
-def _reference_forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
-    return reference.attention(q, k, v, q_offsets, kv_offsets, scale=scale, left=left, right=right,
-                               broadcast=broadcast)
+def _reference_forward(p):
+    return reference.attention(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, scale=p.scale, left=p.left, right=p.right,
+                               broadcast=p.broadcast)
 
 
-def _reference_backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-                        deterministic=False, max_kv_len=None):
-    return reference.attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, scale=scale, left=left,
-                                        right=right, broadcast=broadcast)
+def _reference_backward(p, out, lse, dout, dlse):
+    return reference.attention_backward(dout, dlse, p.q, p.k, p.v, out, p.q_offsets, p.kv_offsets, scale=p.scale,
+                                        left=p.left, right=p.right, broadcast=p.broadcast)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from .jagged import lengths, visible_pairs
+from .problem import Problem, from_flat
 
 FORWARD_FLOPS_PER_PAIR = 4  # x Hq x D
 BACKWARD_FLOPS_PER_PAIR = 10  # x Hq x D (2.5 x forward)
@@ -33,25 +34,23 @@ def pairs_upper_bound(q_rows, kv_rows, broadcast, left, right):
     return q_rows * per_query
 
 
-def attention_pairs(q, kv_offsets, q_offsets, k, broadcast, left, right):
+def attention_pairs(p: Problem) -> int:
     """Exact visible pairs of one jfa.attention call, or the upper bound when the offsets hold no data."""
-    if _has_data(q_offsets) and _has_data(kv_offsets):
-        q_lens = lengths(q_offsets.detach().long().cpu())
-        if broadcast:  # every sequence has the Lq rows of the dense q
-            q_lens = torch.full_like(q_lens, q.shape[0])
-        return visible_pairs(q_lens, lengths(kv_offsets.detach().long().cpu()), left, right)
-    return pairs_upper_bound(q.shape[0], k.shape[0], broadcast, left, right)
+    if _has_data(p.q_offsets) and _has_data(p.kv_offsets):
+        q_lens = lengths(p.q_offsets.detach().long().cpu())
+        if p.broadcast:  # every sequence has the Lq rows of the dense q
+            q_lens = torch.full_like(q_lens, p.q.shape[0])
+        return visible_pairs(q_lens, lengths(p.kv_offsets.detach().long().cpu()), p.left, p.right)
+    return pairs_upper_bound(p.q.shape[0], p.k.shape[0], p.broadcast, p.left, p.right)
 
 
 @register_flop_formula(torch.ops.jfa.attention, get_raw=True)
-def attention_flop(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend, *args,
-                   out_val=None, **kwargs) -> int:
-    pairs = attention_pairs(q, kv_offsets, q_offsets, k, broadcast, window_left, window_right)
-    return FORWARD_FLOPS_PER_PAIR * q.shape[1] * q.shape[2] * pairs
+def attention_flop(*args, out_val=None, **kwargs) -> int:
+    p = from_flat(args)
+    return FORWARD_FLOPS_PER_PAIR * p.heads * p.head_dim * attention_pairs(p)
 
 
 @register_flop_formula(torch.ops.jfa.attention_backward, get_raw=True)
-def attention_backward_flop(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left,
-                            window_right, broadcast, backend, *args, out_val=None, **kwargs) -> int:
-    pairs = attention_pairs(q, kv_offsets, q_offsets, k, broadcast, window_left, window_right)
-    return BACKWARD_FLOPS_PER_PAIR * q.shape[1] * q.shape[2] * pairs
+def attention_backward_flop(dout, dlse, out, lse, *args, out_val=None, **kwargs) -> int:
+    p = from_flat(args)
+    return BACKWARD_FLOPS_PER_PAIR * p.heads * p.head_dim * attention_pairs(p)

@@ -72,15 +72,21 @@ def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1) -> int:
     return int(visible_counts_per_row(q_lens, kv_lens, left, right).sum())
 
 
-def tile_table(offsets: torch.Tensor, block: int, rows: int) -> torch.Tensor:
-    """Flat table of the real tiles of a jagged batch: int32 ``[2, capacity]`` of (sequence, tile index).
+def tile_capacity(rows: int, block: int, batch: int) -> int:
+    """The most tiles of ``block`` rows that B sequences of ``rows`` rows in all can have: ``rows // block + B``
+    (each sequence adds at most one partial tile), known from the shapes alone, so tile tables and schedules are
+    sized with no host sync."""
+    return rows // block + batch
 
-    Sequence b of length L owns ``ceil(L / block)`` tiles. ``capacity = rows // block + B`` bounds the number
-    of tiles from the shapes alone, so the table is built on the offsets' device with no host sync (it can be
-    captured in a CUDA graph); unused entries have sequence -1 and their programs exit at once.
+
+def tile_table(offsets: torch.Tensor, block: int, rows: int) -> torch.Tensor:
+    """Flat table of the real tiles of a jagged batch: int32 ``[2, tile_capacity]`` of (sequence, tile index).
+
+    Sequence b of length L owns ``ceil(L / block)`` tiles. The table is built on the offsets' device with no host
+    sync (it can be captured in a CUDA graph); unused entries have sequence -1 and their programs exit at once.
     """
     batch = offsets.numel() - 1
-    capacity = rows // block + batch
+    capacity = tile_capacity(rows, block, batch)
     device = offsets.device
     if batch <= 0 or capacity == 0:
         return torch.full((2, capacity), -1, dtype=torch.int32, device=device)

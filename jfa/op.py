@@ -1,17 +1,20 @@
-"""The one custom op every public call goes through: ``jfa::attention`` (+ its backward op), with fake
-(meta) implementations so torch.compile(fullgraph=True) traces it, and autograd registered on it.
+"""The one custom op every public call goes through: ``jfa::attention`` (+ its backward op), with fake (meta)
+implementations so torch.compile(fullgraph=True) traces it, and autograd registered on it.
 
-The public functions reach it through ``Attention``, a plain autograd.Function around the two ops: the op's own
-autograd registration (kept for callers of torch.ops.jfa.attention and for torch.compile) costs more host time
-per call in eager mode, which short batches feel directly (H200 host, a forward with grad, issue time per call
-with the cached box layouts of jfa.hopper.common: targets-32 621 -> 357 us, pma-32-d64 569 -> 549; session 9).
-In eager mode with plain tensors and no dispatch mode active, ``Attention`` also calls the op's implementation
-(the backend) itself rather than through the op's dispatcher, which costs ~70 us per call on its own (this
-repo's 2-core CPU machine, a stub backend; session 10); a dispatch mode (FlopCounterMode, fake tensors) or a
-tensor subclass still sees the op.
+Both ops take the fields of jfa.problem.Problem as their arguments, in field order (the backward op after dout,
+dlse, out and lse): their schemas are made from the dataclass, so a field added there reaches every backend with
+no edit here.
+
+The public functions reach the op through ``Attention``, a plain autograd.Function around the two ops: the op's
+own autograd registration (kept for callers of torch.ops.jfa.attention and for torch.compile) costs more host
+time per call in eager mode, which short batches feel (targets-32, a forward with grad: 621 -> 357 us of issue
+time per call on the H200's host; docs/perf-notes.md). In eager mode with plain tensors and no dispatch mode
+active, ``Attention`` also calls the backend itself rather than through the op's dispatcher (~70 us per call on
+its own); a dispatch mode (FlopCounterMode, fake tensors) or a tensor subclass still sees the op.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
@@ -19,45 +22,49 @@ from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .backends import BACKENDS
+from .problem import FIELDS, IS_TENSOR, TYPES, Problem, filled, from_flat
 
 
-def forward_impl(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, scale: float,
-                 window_left: int, window_right: int, broadcast: bool, backend: str, deterministic: bool,
-                 max_kv_len: Optional[int] = None) -> tuple[Tensor, Tensor]:
-    """-> (out [rows, Hq, D], lse [Hq, rows]); rows = Tq, or B * Lq in broadcast mode. deterministic and
-    max_kv_len (the caller's bound on the keys per sequence, or None) only concern the backward."""
-    return BACKENDS[backend].forward(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast)
+def _with_signature(fn, leading: tuple, returns):
+    """fn(*args) given the signature (leading params, then Problem's fields) that torch.library reads."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(name, kind, annotation=t) for name, t in leading]
+    params += [inspect.Parameter(name, kind, annotation=TYPES[name]) for name in FIELDS]
+    fn.__signature__ = inspect.Signature(params, return_annotation=returns)
+    return fn
 
 
-attention = torch.library.custom_op("jfa::attention", forward_impl, mutates_args=())
+def _forward_impl(*args) -> tuple[Tensor, Tensor]:
+    p = from_flat(args)
+    return BACKENDS[p.backend].forward(p)
 
 
-def _rows(q, kv_offsets, broadcast):
-    return (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
+def _forward_fake(*args):
+    p = from_flat(args)
+    q = p.q
+    return q.new_empty(p.rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], p.rows, dtype=torch.float32)
 
 
-@attention.register_fake
-def _(q, k, v, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend, deterministic,
-      max_kv_len=None):
-    rows = _rows(q, kv_offsets, broadcast)
-    return q.new_empty(rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], rows, dtype=torch.float32)
+_GRADS = (("dout", Tensor), ("dlse", Optional[Tensor]), ("out", Tensor), ("lse", Tensor))
 
 
-def backward_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                  q_offsets: Tensor, kv_offsets: Tensor, scale: float, window_left: int, window_right: int,
-                  broadcast: bool, backend: str, deterministic: bool,
-                  max_kv_len: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
-    return BACKENDS[backend].backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left,
-                                      window_right, broadcast, deterministic=deterministic, max_kv_len=max_kv_len)
+def _backward_impl(dout, dlse, out, lse, *args) -> tuple[Tensor, Tensor, Tensor]:
+    p = from_flat(args)
+    return BACKENDS[p.backend].backward(p, out, lse, dout, dlse)
 
 
-attention_backward = torch.library.custom_op("jfa::attention_backward", backward_impl, mutates_args=())
+def _backward_fake(dout, dlse, out, lse, *args):
+    p = from_flat(args)
+    return torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)
 
 
-@attention_backward.register_fake
-def _(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, window_left, window_right, broadcast, backend,
-      deterministic, max_kv_len=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+attention = torch.library.custom_op("jfa::attention", _with_signature(_forward_impl, (), tuple[Tensor, Tensor]),
+                                    mutates_args=())
+attention.register_fake(_with_signature(_forward_fake, (), tuple[Tensor, Tensor]))
+attention_backward = torch.library.custom_op(
+    "jfa::attention_backward", _with_signature(_backward_impl, _GRADS, tuple[Tensor, Tensor, Tensor]),
+    mutates_args=())
+attention_backward.register_fake(_with_signature(_backward_fake, _GRADS, tuple[Tensor, Tensor, Tensor]))
 
 
 def _dispatch_free(*tensors) -> bool:
@@ -66,22 +73,27 @@ def _dispatch_free(*tensors) -> bool:
 
 
 def _setup_context(ctx, inputs, output):
-    # max_kv_len is the op's optional last argument: a direct caller of torch.ops.jfa.attention may leave it out
-    q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, *max_kv_len = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
-    ctx.attrs = (scale, left, right, broadcast, backend, deterministic, *max_kv_len)
+    inputs = filled(inputs)
+    ctx.save_for_backward(*(x for x, is_tensor in zip(inputs, IS_TENSOR) if is_tensor), *output)
+    ctx.attrs = tuple(None if is_tensor else x for x, is_tensor in zip(inputs, IS_TENSOR))
+
+
+def _saved(ctx):
+    """(the op's arguments, out, lse) as saved by _setup_context."""
+    saved = iter(ctx.saved_tensors)
+    args = tuple(next(saved) if is_tensor else a for a, is_tensor in zip(ctx.attrs, IS_TENSOR))
+    return args, next(saved), next(saved)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+    args, out, lse = _saved(ctx)
     if dout is None:
         dout = torch.zeros_like(out)
     backward_op = attention_backward
     if getattr(ctx, "dispatch_free", False) and _dispatch_free(dout, dlse):
-        backward_op = backward_impl
-    dq, dk, dv = backward_op(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.attrs)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        backward_op = _backward_impl
+    dq, dk, dv = backward_op(dout, dlse, out, lse, *args)
+    return (dq, dk, dv) + (None, ) * (len(FIELDS) - 3)  # q, k, v lead the fields; nothing else has a gradient
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
@@ -93,13 +105,10 @@ class Attention(torch.autograd.Function):
     None (dout None: zeros; dlse None: no LSE term)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic,
-                max_kv_len):
+    def forward(ctx, *args):
         ctx.set_materialize_grads(False)
-        ctx.dispatch_free = _dispatch_free(q, k, v, q_offsets, kv_offsets)
-        forward_op = forward_impl if ctx.dispatch_free else attention
-        args = (q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, max_kv_len)
-        out, lse = forward_op(*args)
+        ctx.dispatch_free = _dispatch_free(*(a for a, is_tensor in zip(args, IS_TENSOR) if is_tensor))
+        out, lse = (_forward_impl if ctx.dispatch_free else attention)(*args)
         _setup_context(ctx, args, (out, lse))
         return out, lse
 
@@ -108,9 +117,9 @@ class Attention(torch.autograd.Function):
         return _backward(ctx, dout, dlse)
 
 
-def attend(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, max_kv_len=None):
+def attend(p: Problem) -> tuple[Tensor, Tensor]:
     """What the public functions call: Attention in eager mode; under torch.compile the op itself, with its
     registered autograd (the compiled graph has no per-call host cost to save, and dynamo rejects an
     autograd.Function given the same tensor twice, as self-attention's offsets are)."""
-    args = (q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, backend, deterministic, max_kv_len)
+    args = p.flat()
     return attention(*args) if torch.compiler.is_compiling() else Attention.apply(*args)

@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .geometry import key_range, sequence_bounds
+from .geometry import block_count, key_range, sequence_bounds
+from .jagged import tile_capacity
 from .runtime import check_runnable
 
 
@@ -74,7 +75,7 @@ def window_tiles(spec: ScheduleSpec) -> int:
 
 def capacity(spec: ScheduleSpec, batch: int) -> int:
     """Tiles the table holds: enough for any lengths that sum to spec.rows."""
-    return spec.rows // spec.block_m + batch
+    return tile_capacity(spec.rows, spec.block_m, batch)
 
 
 def zigzag_sm_start(n: int, num_sms: int, device) -> torch.Tensor:
@@ -170,10 +171,10 @@ def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order
             seq = _tile_of(idx, tile_ends, batch, SEARCH_STEPS)
             valid = seq < batch
             seq = tl.minimum(seq, batch - 1)
-            q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
-            tile = idx - (tl.load(tile_ends + seq) - tl.cdiv(q_len, BLOCK_M))
-            k_lo, k_hi = key_range(tile * BLOCK_M, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-            cost = tl.where(valid, tl.maximum(tl.cdiv(k_hi - k_lo, BLOCK_N), 0), -1)
+            q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
+            tile = idx - (tl.load(tile_ends + seq) - tl.cdiv(lens[0], BLOCK_M))
+            k_lo, k_hi = key_range(tile * BLOCK_M, lens, (LEFT, RIGHT), BLOCK_M, BLOCK_N)  # the item's walk
+            cost = tl.where(valid, block_count(k_lo, k_hi, BLOCK_N), -1)
             tl.store(tiles + idx, tl.where(valid, seq, -1), mask=keep)
             tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
             tl.store(tile_cost + idx, cost, mask=keep)

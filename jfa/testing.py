@@ -108,6 +108,30 @@ def reference_results(case: Case, compute_dtype=torch.float64):
     return (out.detach(), lse.detach(), *grads)
 
 
+def case_problem(case: Case, backend: str, deterministic: bool = False, max_lens: bool = False):
+    """The jfa.problem.Problem of a case, as the public functions build it (max_lens: with the longest sequences'
+    lengths as max_q_len / max_kv_len)."""
+    from jfa.api import problem
+    longest = [max(lengths(o.cpu()).tolist(), default=0) if max_lens else None
+               for o in (case.q_offsets, case.kv_offsets)]
+    window = (case.left, case.right)
+    if case.broadcast:
+        return problem(case.q, case.k, case.v, case.kv_offsets, broadcast=True, max_kv_len=longest[1], window=window,
+                       scale=case.scale, backend=backend, deterministic=deterministic)
+    kv_offsets = None if case.kv_offsets is case.q_offsets else case.kv_offsets
+    return problem(case.q, case.k, case.v, case.q_offsets, kv_offsets, max_q_len=longest[0], max_kv_len=longest[1],
+                   window=window, scale=case.scale, backend=backend, deterministic=deterministic)
+
+
+def run_kernels(case: Case, forward, backward, backend: str, **problem_kw):
+    """(out, lse, (dq, dk, dv)) of a case through a backend's own forward(problem) and backward(problem, out, lse,
+    dout, dlse), e.g. with a kernel config handed in (grads None when the output is empty)."""
+    p = case_problem(case, backend, **problem_kw)
+    out, lse = forward(p)
+    grads = backward(p, out, lse, case.dout, None) if out.numel() else None
+    return out, lse, grads
+
+
 def run_backend(case: Case, backend: str, deterministic: bool = False, max_lens: bool = False):
     """(out, lse, (dq, dk, dv)) of one case through the public API; grads None when the output is empty.
     max_lens: pass the longest sequences' lengths as max_q_len / max_kv_len."""

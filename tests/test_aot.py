@@ -66,19 +66,19 @@ def hopper_reports():
     script = r"""
 import json, torch
 from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd, producer_loop_bounds_are_per_item
-from jfa.hopper.config import DQ_DIRECT, DQ_REDUCE
+from jfa.hopper.config import DqRoute, select_dkdv, select_fwd
 rows = []
 for d in (64, 128):
     for broadcast in (False, True):
         forms = [("long", compile_fwd(d, torch.bfloat16, broadcast)),
-                 ("short", compile_fwd(d, torch.bfloat16, broadcast, 300)),
-                 ("short-tile", compile_fwd(d, torch.bfloat16, broadcast, 64))]
+                 ("short", compile_fwd(d, torch.bfloat16, broadcast, select_fwd(d, 300))),
+                 ("short-tile", compile_fwd(d, torch.bfloat16, broadcast, select_fwd(d, 64)))]
         passes = [("", compile_dkdv(d, torch.bfloat16, broadcast)), ("", compile_dq(d, torch.bfloat16, broadcast)),
-                  ("", compile_dkdv(d, torch.bfloat16, broadcast, DQ_REDUCE))]
+                  ("", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.REDUCE)))]
         if not broadcast:  # (broadcast q's dQ is summed over the batch: never complete in one item)
             if d == 128:  # 32-row (Q, dO) blocks where sequences have few queries (jfa.hopper.config.SHORT_Q)
-                passes += [("short-q", compile_dkdv(d, torch.bfloat16, False, DQ_REDUCE, mean_q_len=32))]
-            passes += [("", compile_dkdv(d, torch.bfloat16, False, DQ_DIRECT)),
+                passes += [("short-q", compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.REDUCE, 32)))]
+            passes += [("", compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.DIRECT))),
                        ("skip", compile_dq(d, torch.bfloat16, False, skip_kv=128))]
         for form, r in forms + passes:
             rows.append(dict(kernel=r.kernel, form=form, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
@@ -115,7 +115,8 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
 
 
 def test_hopper_direct_dq_is_stored_in_16_byte_pieces(hopper_reports):
-    """The dK/dV kernel that also stores dQ (jfa.hopper.config.DQ_DIRECT) writes it in 16-byte vectors, as dK/dV."""
+    """The dK/dV kernel that also stores dQ (jfa.hopper.config.DqRoute.DIRECT) writes it in 16-byte vectors, as
+    dK/dV."""
     for d in (64, 128):
         plain, direct = ([r for r in hopper_reports if r["kernel"] == k and r["d"] == d and not r["broadcast"]][0]
                          for k in ("hopper_dkdv", "hopper_dkdv_dq"))

@@ -43,7 +43,7 @@ def test_broadcast_row_offsets_are_one_tensor_per_shape(monkeypatch):
     import jfa.api
     seen = []
     real = jfa.api.attend
-    monkeypatch.setattr(jfa.api, "attend", lambda q, k, v, qo, *rest: seen.append(qo) or real(q, k, v, qo, *rest))
+    monkeypatch.setattr(jfa.api, "attend", lambda p: seen.append(p.q_offsets) or real(p))
     q, k, v = qkv(tq=3)
     jfa.broadcast_attention(q, k, v, OFF, backend="reference")
     jfa.broadcast_attention(q * 2, k, v, OFF.clone(), backend="reference")
@@ -154,9 +154,9 @@ def test_deterministic_and_max_kv_len_reach_the_backward(monkeypatch, determinis
     from jfa.backends import BACKENDS
     seen = []
     ref = BACKENDS["reference"]
-    def spy(*args, deterministic, max_kv_len):
-        seen.append((deterministic, max_kv_len))
-        return ref.backward(*args, deterministic=deterministic, max_kv_len=max_kv_len)
+    def spy(p, *args):
+        seen.append((p.deterministic, p.max_kv_len))
+        return ref.backward(p, *args)
     monkeypatch.setitem(BACKENDS, "reference", ref.__class__(ref.name, ref.forward, spy, ref.supports))
     q, k, v = (x.requires_grad_() for x in qkv())
     if broadcast:

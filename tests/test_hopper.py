@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import jfa
-from jfa.testing import GPU_MODES, compare, make_case, run_backend
+from jfa import hopper
+from jfa.hopper import config
+from jfa.testing import GPU_MODES, case_problem, compare, make_case, run_backend, run_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -36,49 +38,56 @@ def test_hopper_backend(mode, dtype, d):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("form", ["short-tile", "short", "long"])
+FWD_FORMS = {"short-tile": config.select_fwd(128, 64), "short": config.select_fwd(128, 300),
+             "long": config.select_fwd(128)}
+
+
+@pytest.mark.parametrize("form", list(FWD_FORMS))
 @pytest.mark.parametrize("mode", list(MODES))
-def test_hopper_forward_forms(mode, form, monkeypatch):
-    """Every D=128 forward form (jfa.hopper.config.select_fwd picks one by the batch's mean key length), whatever
-    the lengths of the test batch: every mode against the reference."""
-    from jfa.hopper import config
-    monkeypatch.setattr(config, "SHORT_TILE_KV", float("inf") if form == "short-tile" else -1.0)
-    monkeypatch.setattr(config, "SHORT_KV", float("inf") if form == "short" else -1.0)
+def test_hopper_forward_forms(mode, form):
+    """Every D=128 forward form (jfa.hopper.config.select_fwd picks one by the batch's mean key length), handed in
+    whatever the lengths of the test batch: every mode against the reference."""
+    cfg = FWD_FORMS[form]
     case = _case(mode, 128)
-    out, lse, grads = run_backend(case, "hopper")
+    out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg), hopper.backward, "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
 
 
+def _plan(route, d, mean_q_len=float("inf")):
+    """The backward of dQ route `route` (a DqRoute), whatever the batch."""
+    dkdv = config.select_dkdv(d, route, mean_q_len)
+    if route == config.DqRoute.REDUCE:
+        return config.BwdPlan(dkdv, None)
+    return config.BwdPlan(dkdv, config.select_dq(d), dkdv.block_n if route == config.DqRoute.DIRECT else 0)
+
+
 @pytest.mark.parametrize("mode", list(MODES))
-def test_hopper_one_pass_short_query_blocks(mode, monkeypatch):
+def test_hopper_one_pass_short_query_blocks(mode):
     """The one pass at D=128 with 32-row (Q, dO) blocks, dQ computed transposed and two K/V sets
     (jfa.hopper.config.SHORT_Q, chosen by the mean query rows per sequence), whatever the test batch's lengths:
     every mode against the reference."""
-    from jfa.hopper import bwd, config
-    monkeypatch.setattr(config, "SHORT_Q", float("inf"))
-    monkeypatch.setattr(bwd, "dq_route", lambda *args: config.DQ_REDUCE)
+    plan = _plan(config.DqRoute.REDUCE, 128, mean_q_len=config.SHORT_Q)
+    assert plan.dkdv.block_m == 32
     case = _case(mode, 128)
-    out, lse, grads = run_backend(case, "hopper")
+    out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=plan), "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("route", ["none", "reduce", "direct"])
+@pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_hopper_backward_routes(mode, d, route, monkeypatch):
+def test_hopper_backward_routes(mode, d, route):
     """Every way the backward computes dQ (jfa.hopper.config.dq_route picks one by shape), whatever the lengths of
     the test batch: the dQ pass alone, the one pass's reduce-adds, and the dK/dV pass storing the dQ of the
     sequences whose keys fit its key tile with the dQ pass doing the rest (the batch mixes both kinds; not for
     broadcast q, whose dQ sums over the batch)."""
-    from jfa.hopper import bwd, config
-    if route == "direct" and MODES[mode].get("broadcast_lq"):
+    if route == config.DqRoute.DIRECT and MODES[mode].get("broadcast_lq"):
         pytest.skip("broadcast q never takes the direct route")
-    chosen = {"none": config.DQ_NONE, "reduce": config.DQ_REDUCE, "direct": config.DQ_DIRECT}[route]
-    monkeypatch.setattr(bwd, "dq_route", lambda *args: chosen)
+    plan = _plan(route, d)
     case = _case(mode, d)
-    out, lse, grads = run_backend(case, "hopper")
+    out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=plan), "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
 
@@ -144,14 +153,9 @@ SHORT_LENS = [0, 1, 2, 63, 64, 65, 127, 128, 3]  # GPU_LENS up to the dK/dV pass
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", [m for m in MODES if not MODES[m].get("broadcast_lq") and m != "empty-kv"])
-def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d, monkeypatch):
-    """A max_kv_len within the dK/dV pass's key tile: every dQ comes from the dK/dV pass (DQ_DIRECT) and the dQ
-    pass is not launched; against the reference. Without the bound the dQ pass runs (it cannot know)."""
-    from jfa.hopper import bwd
-    launched, unfilled = [], []
-    real, real_buffer = bwd.dq_pass, bwd.dq_buffer
-    monkeypatch.setattr(bwd, "dq_pass", lambda *args, **kw: launched.append(kw) or real(*args, **kw))
-    monkeypatch.setattr(bwd, "dq_buffer", lambda *args: unfilled.append(args[-1]) or real_buffer(*args))
+def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d):
+    """A max_kv_len within the dK/dV pass's key tile: every dQ comes from the dK/dV pass (DqRoute.DIRECT) and the
+    plan has no dQ pass; against the reference. Without the bound the dQ pass runs (it cannot know)."""
     kw = dict(MODES[mode], q_lens=SHORT_LENS)
     if "kv_lens" in kw:
         kw["kv_lens"] = SHORT_LENS[::-1]
@@ -159,14 +163,14 @@ def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d, monkeypatch):
     kw.setdefault("hkv", 4)
     case = make_case(**kw, d=d, dtype=torch.bfloat16, device="cuda", seed=d)
     for max_lens in (True, False):
-        # freed NaNs for the caching allocator to hand out again: a row no kernel writes cannot pass as zeros
+        plan = config.select_bwd(case_problem(case, "hopper", max_lens=max_lens))
+        assert plan.dkdv.dq == config.DqRoute.DIRECT and (plan.dq is None) == max_lens
+        # freed NaNs for the caching allocator to hand out again: in self-attention with the bound dQ's buffer is
+        # not zero-filled (jfa.hopper.dq_buffer), and a row no kernel writes cannot pass as zeros
         torch.full((1 << 24, ), float("nan"), device="cuda")
         out, lse, grads = run_backend(case, "hopper", max_lens=max_lens)
         failures = compare(case, out, lse, grads)
         assert not failures, "\n".join(failures)
-        assert len(launched) == (0 if max_lens else 1)
-        # self-attention (one offsets tensor) with the bound: dQ's buffer is not zero-filled (the NaNs above)
-        assert unfilled.pop() == (max_lens and case.kv_offsets is case.q_offsets)
 
 
 def test_hopper_backward_is_deterministic():

@@ -153,7 +153,8 @@ def test_flop_formula_falls_back_to_an_upper_bound_on_fake_offsets():
         off = torch.zeros(4, dtype=torch.long)
         full = flops.attention_flop(q, k, k, off, off, 1.0, -1, -1, False, REF)
         window = flops.attention_flop(q, k, k, off, off, 1.0, 2, 1, False, REF)
-        bwd = flops.attention_backward_flop(q, None, q, k, k, q, None, off, off, 1.0, -1, -1, False, REF)
+        bwd = flops.attention_backward_flop(q, None, q, None, q, k, k, off, off, 1.0, -1, -1, False)  # dout, dlse,
+        # out, lse, then the problem's fields
     assert full == 4 * 4 * 8 * 10 * 12 and window == 4 * 4 * 8 * 10 * 4 and bwd == 10 * 4 * 8 * 10 * 12
 
 

@@ -6,13 +6,15 @@ import pytest
 import torch
 
 import jfa
+from jfa.problem import Problem
 from jfa.testing import make_case
 
 
 def op_args(case, backend):
+    """The op's arguments: a Problem's fields."""
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
-    return (q, k, v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend,
-            False)
+    return Problem(q, k, v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right, case.broadcast,
+                   backend=backend).flat()
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
@@ -24,8 +26,9 @@ def test_opcheck(backend, mode):
     case = make_case(**kwargs)
     torch.library.opcheck(torch.ops.jfa.attention.default, op_args(case, backend))
     out, lse = torch.ops.jfa.attention(*op_args(case, backend))
-    bwd_args = (case.dout, None, case.q, case.k, case.v, out.detach(), lse.detach(), case.q_offsets,
-                case.kv_offsets, case.scale, case.left, case.right, case.broadcast, backend, False)
+    problem = Problem(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right,
+                      case.broadcast, backend=backend)
+    bwd_args = (case.dout, None, out.detach(), lse.detach(), *problem.flat())
     torch.library.opcheck(torch.ops.jfa.attention_backward.default, bwd_args)
 
 

@@ -246,6 +246,20 @@ class Inputs:
     def leaves(self):
         return [self.q, self.k, self.v]
 
+    def problem(self, backend: str = "auto", **fields):
+        """The jfa.problem.Problem of the jfa provider's call on these inputs (detached leaves, both max lengths
+        given), with `fields` replaced: what benchmarks/ hand to a backend's parts."""
+        from ..api import problem
+        q, k, v = (t.detach() for t in self.leaves())
+        if self.workload.broadcast:
+            p = problem(q, k, v, self.kv_offsets, broadcast=True, max_kv_len=self.max_kv, window=self.window,
+                        backend=backend)
+        else:
+            kv_offsets = None if self.kv_offsets is self.q_offsets else self.kv_offsets
+            p = problem(q, k, v, self.q_offsets, kv_offsets, max_q_len=self.max_q, max_kv_len=self.max_kv,
+                        window=self.window, backend=backend)
+        return p.replace(**fields) if fields else p
+
     def prefix(self, n: int) -> "Inputs":
         """The first n sequences (a view of the same data, as new leaves): the correctness gate's subset."""
         qo, ko = int(self.q_offsets[n]), int(self.kv_offsets[n])

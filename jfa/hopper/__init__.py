@@ -1,10 +1,17 @@
 """The Hopper (sm_90) backend: persistent, warp-specialized Gluon kernels over load-balanced schedules, the
-forward (jfa.hopper.fwd) and the backward (jfa.hopper.bwd: one pass with dQ by TMA reduce-add, or, by shape and
-always with deterministic=True, the dK/dV pass, then the dQ pass of jfa.hopper.bwd_dq). Head dims 64 and 128 in
-bf16/fp16; others fall back (jfa.backends.select says so). docs/hopper.md describes the kernels."""
+forward (jfa.hopper.fwd) and the backward: Delta, then the dK/dV kernel (jfa.hopper.bwd) with dQ in the same pass
+by TMA reduce-add, or stored where a sequence fits one key tile, and where it computes no dQ (or not all), the dQ
+pass (jfa.hopper.bwd_dq); always two passes with no atomics when deterministic. The kernels' configurations are
+values (jfa.hopper.config): chosen by shape, or handed in. Head dims 64 and 128 in bf16/fp16; others fall back
+(jfa.backends.select says so). docs/hopper.md describes the kernels."""
 from __future__ import annotations
 
 import torch
+
+from ..bwd_common import delta, sum_broadcast_dq
+from ..problem import Problem
+from ..runtime import num_sms
+from .config import BwdPlan, DqRoute, FwdConfig, select_bwd
 
 HEAD_DIMS = (64, 128)
 
@@ -15,16 +22,49 @@ def supports(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
     return torch.cuda.get_device_capability(device)[0] == 9
 
 
-def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
+def forward(p: Problem, cfg: FwdConfig | None = None):
+    """-> (out [rows, Hq, D], lse [Hq, rows] float32), in config cfg (jfa.hopper.config.fwd_config's by default)."""
     from .fwd import forward
-    return forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast)
+    return forward(p, cfg)
 
 
-def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-             deterministic=False, max_kv_len=None):
-    from .bwd import backward
-    return backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-                    deterministic=deterministic, max_kv_len=max_kv_len)
+def dq_buffer(shape, dtype, device, every_row_stored: bool):
+    """dQ's buffer, zeroed (the rows of queries that see no key are written by no kernel) unless every row is
+    stored: in self-attention every query sees its own key, so where the dK/dV pass stores every sequence's dQ
+    (DqRoute.DIRECT, max_kv_len <= its key tile) it writes every row."""
+    return (torch.empty if every_row_stored else torch.zeros)(shape, device=device, dtype=dtype)
+
+
+def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
+    """-> (dq, dk, dv) as jfa.triton.launch.backward, by plan (jfa.hopper.config.select_bwd's by default): Delta,
+    the dK/dV kernel with dQ by plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode one slab of Lq
+    rows per CTA, summed afterwards), then the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with
+    atomics: the same bits run to run."""
+    from .bwd import dkdv
+    from .bwd_dq import dq_pass
+    plan = plan or select_bwd(p)
+    q, k = p.q, p.k
+    batch, rows = p.batch, p.rows
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(p.v, memory_format=torch.contiguous_format)
+    if batch == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    route = plan.dkdv.dq
+    if route == DqRoute.REDUCE and p.broadcast:  # one slab of Lq rows per CTA, summed afterwards
+        batch = num_sms(q.device)
+        rows = batch * q.shape[0]
+    dq_dtype = torch.float32 if p.broadcast or route == DqRoute.REDUCE else q.dtype
+    every_row = route == DqRoute.DIRECT and plan.dq is None and p.self_attention
+    dq = dq_buffer((rows, p.heads, p.head_dim), dq_dtype, q.device, every_row)
+    # no keys anywhere (a TMA descriptor needs rows: every query saw nothing), or no queries (no key was seen)
+    if k.shape[0] == 0 or rows == 0:
+        return sum_broadcast_dq(dq.zero_(), q, batch, p.broadcast), dk.zero_(), dv.zero_()
+    d = delta(out, dout, dlse, lse)
+    dkdv(p, dout, lse, d, dk, dv, plan.dkdv, dq)
+    if plan.dq is not None:
+        dq_pass(p, dout, lse, d, dq, plan.dq, plan.skip_kv)
+    return sum_broadcast_dq(dq, q, batch, p.broadcast), dk, dv
 
 
 __all__ = ["supports", "forward", "backward", "HEAD_DIMS"]

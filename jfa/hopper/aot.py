@@ -10,9 +10,9 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 
-from ..triton.aot import Report, ptxas_report
+from ..ptxas import Report, meta_problem, report
 from . import bwd, bwd_dq, fwd
-from .config import DQ_DIRECT, DQ_NONE, DQ_REDUCE, select_dkdv, select_dq, select_fwd
+from .config import DkdvConfig, DqConfig, DqRoute, FwdConfig, select_dkdv, select_dq, select_fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")
@@ -31,13 +31,10 @@ def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options)
     attrs = {(i, ): [["tt.divisibility", 16]] for i in aligned}
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options))
-    asm = compiled.asm
-    regs, spills = ptxas_report(asm["ptx"])
-    report = Report(name, head_dim, _TL[dtype], len(re.findall(r"wgmma\.mma_async", asm["ptx"])), regs, spills,
-                    asm["ptx"])
-    report.ttgir = asm["ttgir"]
-    report.shared = compiled.metadata.shared
-    return report
+    result = report(name, head_dim, _TL[dtype], compiled.asm["ptx"])
+    result.ttgir = compiled.asm["ttgir"]
+    result.shared = compiled.metadata.shared
+    return result
 
 
 def producer_loop_bounds_are_per_item(ttgir: str) -> bool:
@@ -62,48 +59,67 @@ def _host_tensor(head_dim, dtype):
     return torch.empty(128, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
 
 
-def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, mean_kv_len=float("inf")) -> Report:
-    """The forward (jfa.hopper.fwd) as configured for batches of this mean key length."""
-    cfg = select_fwd(head_dim, mean_kv_len)
+def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: FwdConfig | None = None) -> Report:
+    """The forward (jfa.hopper.fwd) in config cfg (select_fwd's for an unbounded mean key length by default)."""
+    cfg = cfg or select_fwd(head_dim)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg)))
-    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-                      BROADCAST=broadcast, COALESCED=cfg.coalesced_store, POSTED=cfg.posted_items, num_warps=4)
+    constexprs = fwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast))
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32"}
     return _compile("hopper_fwd", fwd.hopper_fwd_kernel, descs, constexprs, types, head_dim, dtype,
                     **cfg.launch_options())
 
 
-def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, route=DQ_NONE,
-                 mean_q_len=float("inf")) -> Report:
-    """The dK/dV kernel (jfa.hopper.bwd) with dQ by `route` (jfa.hopper.config), as configured for batches of this
-    many query rows per sequence: reported as hopper_dkdv (none), hopper_bwd (the one pass, DQ_REDUCE) or
-    hopper_dkdv_dq (DQ_DIRECT)."""
-    cfg = select_dkdv(head_dim, route, mean_q_len)
+def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: DkdvConfig | None = None) -> Report:
+    """The dK/dV kernel (jfa.hopper.bwd) in config cfg (select_dkdv's without dQ by default), reported as
+    hopper_dkdv (no dQ), hopper_bwd (the one pass, DqRoute.REDUCE) or hopper_dkdv_dq (DqRoute.DIRECT)."""
+    cfg = cfg or select_dkdv(head_dim)
     x = _host_tensor(head_dim, dtype)
     dq = _host_tensor(head_dim, torch.float32)
     names = ("q_desc", "do_desc", "k_desc", "v_desc", "dq_desc")
     descs = dict(zip(names, bwd.descriptors(x, x, x, x, cfg, dq)))
-    constexprs = dict(GROUP=1, BLOCK_M=cfg.block_m, STAGES=cfg.stages, DQ_STAGES=cfg.dq_stages, SERIAL=cfg.serial,
-                      BROADCAST=broadcast, ONE_PASS=cfg.one_pass,
-                      DIRECT=route == DQ_DIRECT, KV_SLOTS=cfg.kv_slots, POSTED=cfg.posted_items, num_warps=4)
+    constexprs = bwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast))
     types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "DQ": f"*{_TL[dtype]}", "LSE": "*fp32",
              "DELTA": "*fp32", "scale": "fp32", "qk_scale": "fp32"}
-    name = {DQ_NONE: "hopper_dkdv", DQ_REDUCE: "hopper_bwd", DQ_DIRECT: "hopper_dkdv_dq"}[route]
+    name = {DqRoute.NONE: "hopper_dkdv", DqRoute.REDUCE: "hopper_bwd", DqRoute.DIRECT: "hopper_dkdv_dq"}[cfg.dq]
     return _compile(name, bwd.hopper_dkdv_kernel, descs, constexprs, types, head_dim, dtype)
 
 
-def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False, skip_kv=0) -> Report:
+def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False, skip_kv=0, cfg: DqConfig | None = None) -> Report:
     """The dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials; skip_kv > 0: it skips the sequences
-    of at most that many keys (jfa.hopper.config.DQ_DIRECT)."""
-    cfg = select_dq(head_dim)
+    of at most that many keys (DqRoute.DIRECT)."""
+    cfg = cfg or select_dq(head_dim)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, cfg)))
-    constexprs = dict(GROUP=1, BLOCK_N=cfg.block_n, STAGES=cfg.stages, BROADCAST=broadcast, SKIP_KV=skip_kv,
-                      num_warps=4)
+    constexprs = bwd_dq.constexprs(cfg, meta_problem(head_dim, dtype, broadcast), skip_kv)
     types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
     return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, descs, constexprs, types, head_dim, dtype)
+
+
+def default_forms():
+    """name -> a thunk compiling it: every form the select_* functions choose, D 64/128, bf16 (and fp16 for the
+    long forms), self and broadcast: what a change must compile to the same PTX as before, or be timed."""
+    forms = {}
+    for dtype, t in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        for d in (64, 128):
+            for b in (False, True):
+                tag = f"{t}-d{d}-b{int(b)}"
+                for mean, name in ((float("inf"), "long"), (300, "short"), (64, "tile")):
+                    if t == "bf16" or name == "long":
+                        forms[f"hfwd-{tag}-{name}"] = (compile_fwd, d, dtype, b, select_fwd(d, mean))
+                routes = [(DqRoute.NONE, float("inf"), "none"), (DqRoute.REDUCE, float("inf"), "reduce")]
+                if d == 128:
+                    routes.append((DqRoute.REDUCE, 32, "reduce-shortq"))
+                if not b:  # (broadcast q's dQ is summed over the batch: never complete in one item)
+                    routes.append((DqRoute.DIRECT, float("inf"), "direct"))
+                for route, mean_q, name in routes:
+                    if t == "bf16" or name == "reduce":
+                        forms[f"hdkdv-{tag}-{name}"] = (compile_dkdv, d, dtype, b, select_dkdv(d, route, mean_q))
+                for skip in ((0, 128) if not b else (0, )):
+                    if t == "bf16" or not skip:
+                        forms[f"hdq-{tag}-skip{skip}"] = (compile_dq, d, dtype, b, skip)
+    return {name: (lambda f=f: f[0](*f[1:])) for name, f in forms.items()}
 
 
 if __name__ == "__main__":

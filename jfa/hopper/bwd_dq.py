@@ -19,10 +19,14 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
 from ..geometry import key_blocks, visible
+from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
-from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, tma_descriptor
-from .config import DqConfig, query_tile_schedule, select_dq
+from ..variants import softmax_dscores, softmax_weights
+from .buffers import ItemOperands, Ring
+from .common import WG_ROWS, Batch, Shape, aggregate, aligned, mma_layout, tma_descriptor
+from .config import DqConfig, query_tile_schedule
+from .items import WorkList
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -65,7 +69,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
     t = 0
     first, end = work.bounds()
     for idx in range(first, end):
-        tile = work.item(idx, batch, shape.BLOCK_M, BLOCK_N, False)
+        tile = work.query_tile(idx, batch, shape)
         if tile.valid & (tile.kv_len > SKIP_KV):
             q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
             col = tile.head * HEAD_DIM
@@ -77,7 +81,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
                 else:  # no rows for consumer w: it reads neither
                     qdo_ops.skip(t, w)
             kv_col = (tile.head // shape.GROUP) * HEAD_DIM
-            for n0 in range(tile.lo, tile.hi, BLOCK_N):
+            for n0 in range(tile.lo, tile.hi, BLOCK_N):  # the item's walk (Item.n_blocks blocks)
                 kv.fill(it, k_desc, [tile.kv_start + n0, kv_col], v_desc, [tile.kv_start + n0, kv_col])
                 it += 1
             t += 1
@@ -85,19 +89,11 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, qdo_ops
 
 @gluon.jit
 def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP_KV: gl.constexpr):
-    dtype: gl.constexpr = qdo_ops.a.dtype
     HEAD_DIM: gl.constexpr = qdo_ops.a.shape[2]
-    BLOCK_M: gl.constexpr = shape.BLOCK_M
     BLOCK_N: gl.constexpr = shape.BLOCK_N
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
+    acc_layout: gl.constexpr = mma_layout(HEAD_DIM)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    acc_cols: gl.constexpr = gl.SliceLayout(0, acc_layout)
     s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
     q_buf = qdo_ops.a.index(WG)
     do_buf = qdo_ops.b.index(WG)
@@ -106,12 +102,12 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP
     t = 0
     first, end = work.bounds()
     for idx in range(first, end):
-        tile = work.item(idx, batch, BLOCK_M, BLOCK_N, False)
+        tile = work.query_tile(idx, batch, shape)
         if tile.valid & (tile.kv_len > SKIP_KV):
             row0 = tile.start + WG * WG_ROWS
             q_len = tile.q_len
-            n_blocks = gl.maximum(gl.cdiv(tile.hi - tile.lo, BLOCK_N), 0)
-            _, full_lo, full_hi, _ = key_blocks(row0, q_len, tile.kv_len, batch.LEFT, batch.RIGHT, WG_ROWS, BLOCK_N)
+            n_blocks = tile.n_blocks(BLOCK_N)
+            _, full_lo, full_hi, _ = key_blocks(row0, tile.seq(), batch.rule(), WG_ROWS, BLOCK_N)
             offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
             in_q = offs_m < q_len
             row_off = tile.head * grads.stride_lh + tile.q_start + offs_m
@@ -121,21 +117,8 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP
             qdo_ops.wait(t, WG)
             if (row0 < q_len) & (n_blocks > 0):
                 for j in range(0, n_blocks):
-                    n0 = tile.lo + j * BLOCK_N
-                    k_buf, v_buf = kv.wait(it + j)
-                    s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    dp = warpgroup_mma(do_buf, v_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-                    p = gl.exp2(s * grads.qk_scale - gl.expand_dims(lse2, 1))
-                    if (n0 < full_lo) | (n0 >= full_hi):  # edge block: zero the pairs a row may not see
-                        key = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
-                        vis = visible(gl.expand_dims(offs_m, 1), key, q_len, tile.kv_len, batch.LEFT, batch.RIGHT)
-                        p = gl.where(vis, p, 0.0)
-                    dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-                    ds_op = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), op_layout)
-                    dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
-                    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))[0]
-                    kv.release(it + j)
+                    dq = _dq_block(tile, tile.lo + j * BLOCK_N, it + j, dq, q_buf, do_buf, kv, batch, grads, offs_m,
+                                   lse2, delta, full_lo, full_hi, s_zero)
                 qdo_ops.release(t)
             else:  # rows past the sequence's end, or no keys: hand the buffers back
                 qdo_ops.release(t)
@@ -145,12 +128,42 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP
             it += n_blocks
             t += 1
             if row0 < q_len:
-                rows = row0 + gl.arange(0, WG_ROWS, layout=acc_rows)
-                cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=acc_cols), 0)
-                ptrs = (grads.DQ + gl.expand_dims((tile.q_start + rows).to(gl.int64), 1) * grads.stride_dqt
-                        + tile.head * grads.stride_dqh + cols)
-                gl.store(ptrs, (dq * grads.scale).to(grads.DQ.dtype.element_ty),
-                         mask=gl.expand_dims(rows < q_len, 1))
+                _store_dq(grads, dq, row0, tile)
+
+
+@gluon.jit
+def _dq_block(tile, n0, it, dq, q_buf, do_buf, kv, batch, grads, offs_m, lse2, delta, full_lo, full_hi, s_zero):
+    """Key block n0 (ring block it) of this warpgroup's rows: dQ += dS K, dS = P (dP - Delta) (edge blocks
+    masked)."""
+    dtype: gl.constexpr = q_buf.dtype
+    s_cols: gl.constexpr = gl.SliceLayout(0, s_zero.type.layout)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq.type.layout, k_width=2)
+    k_buf, v_buf = kv.wait(it)
+    s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_buf, v_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+    p = softmax_weights(s, grads.qk_scale, gl.expand_dims(lse2, 1))
+    if (n0 < full_lo) | (n0 >= full_hi):  # edge block: zero the pairs a row may not see
+        key = gl.expand_dims(n0 + gl.arange(0, s_zero.shape[1], layout=s_cols), 0)
+        p = gl.where(visible(gl.expand_dims(offs_m, 1), key, tile.seq(), batch.rule()), p, 0.0)
+    dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+    ds_op = gl.convert_layout(softmax_dscores(p, dp, gl.expand_dims(delta, 1)).to(dtype), op_layout)
+    dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))[0]
+    kv.release(it)
+    return dq
+
+
+@gluon.jit
+def _store_dq(grads, dq, row0, tile):
+    HEAD_DIM: gl.constexpr = dq.shape[1]
+    acc_rows: gl.constexpr = gl.SliceLayout(1, dq.type.layout)
+    acc_cols: gl.constexpr = gl.SliceLayout(0, dq.type.layout)
+    rows = row0 + gl.arange(0, WG_ROWS, layout=acc_rows)
+    cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=acc_cols), 0)
+    ptrs = (grads.DQ + gl.expand_dims((tile.q_start + rows).to(gl.int64), 1) * grads.stride_dqt
+            + tile.head * grads.stride_dqh + cols)
+    gl.store(ptrs, (dq * grads.scale).to(grads.DQ.dtype.element_ty), mask=gl.expand_dims(rows < tile.q_len, 1))
 
 
 @gluon.jit
@@ -178,16 +191,20 @@ def descriptors(q, dout, k, v, cfg: DqConfig):
             tma_descriptor(v, cfg.block_n))
 
 
-def dq_pass(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dq, skip_kv=0):
+def constexprs(cfg: DqConfig, p: Problem, skip_kv: int) -> dict:
+    """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, SKIP_KV=skip_kv, **cfg.constexprs(), num_warps=4)
+
+
+def dq_pass(p: Problem, dout, lse, delta, dq, cfg: DqConfig, skip_kv: int = 0):
     """The dQ pass into dq (k has rows; float32 per-sequence partials in broadcast mode), but for the sequences of
     at most skip_kv keys."""
-    cfg = select_dq(q.shape[2])
+    q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
-    spec = query_tile_schedule(dq.shape[0], q.shape[1], cfg.block_m, left, right, sms)
-    sched = CACHE.get(q_offsets, kv_offsets, spec, k.shape[0])
+    spec = query_tile_schedule(dq.shape[0], q.shape[1], cfg.block_m, p.left, p.right, sms)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
     q, dout, k, v = aligned(q, dout, k, v)
     hopper_dq_kernel[(sms, )](
-        *descriptors(q, dout, k, v, cfg), dq, lse, delta, q_offsets, kv_offsets, sched.tiles, sched.order,
-        sched.sm_start, dq.stride(0), dq.stride(1), lse.stride(0), sched.tiles.shape[1], q.shape[1], scale,
-        scale * math.log2(math.e), left, right, GROUP=q.shape[1] // k.shape[1], BLOCK_N=cfg.block_n,
-        STAGES=cfg.stages, BROADCAST=broadcast, SKIP_KV=skip_kv, num_warps=4)
+        *descriptors(q, dout, k, v, cfg), dq, lse, delta, p.q_offsets, p.kv_offsets, sched.tiles, sched.order,
+        sched.sm_start, dq.stride(0), dq.stride(1), lse.stride(0), sched.tiles.shape[1], q.shape[1], p.scale,
+        p.scale * math.log2(math.e), p.left, p.right, **constexprs(cfg, p, skip_kv))

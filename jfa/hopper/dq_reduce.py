@@ -17,9 +17,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from .common import WG_ROWS, aggregate
+from .common import WG_ROWS, aggregate, mma_layout
 
 DQ_COLS = gl.constexpr(64)  # dQ columns per chunk: a [64, 64] float32 tile is 16 KB of shared memory
 
@@ -134,10 +134,31 @@ class DqStage:
         slot = w * self.STAGES + n % self.STAGES
         mbarrier.wait(self.full.index(slot), (n // self.STAGES) & 1)
         async_reduce_add(dq_desc, coord, self.dq.index(slot))
-        tma.store_wait(1)  # (waiting for 0 here measured the same: perf-notes, session 7)
+        tma.store_wait(1)  # (waiting for 0 here measured the same)
         if prev >= 0:
             mbarrier.arrive(self.empty.index(prev), count=1)
         return slot
+
+
+@gluon.jit
+def dq_chunk(it, t, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
+    """dQ[:, chunk C] of block it = dS_0 K_0[:, C] + dS_1 K_1[:, C] (both consumers' keys), issued (async) once
+    both dS^T are in shared memory. Blocks of fewer than 64 rows (jfa.hopper.config.SHORT_Q) get it transposed,
+    dQ^T[chunk C] = K_0[:, C]^T dS_0^T + K_1[:, C]^T dS_1^T ([DQ_COLS, BLOCK_M]: wgmma's M is 64 rows at least)."""
+    stage.wait_ds(it)
+    if BLOCK_M < WG_ROWS:
+        dqt_layout: gl.constexpr = mma_layout(BLOCK_M)
+        dq = gl.full([DQ_COLS, BLOCK_M], 0.0, gl.float32, layout=dqt_layout)
+        for k in gl.static_range(2):
+            k_cols_t = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1).permute((1, 0))
+            dq = warpgroup_mma(k_cols_t, stage.ds_buffer(it, k), dq, use_acc=k > 0, is_async=True)
+    else:
+        dq_layout: gl.constexpr = mma_layout(DQ_COLS)
+        dq = gl.full([BLOCK_M, DQ_COLS], 0.0, gl.float32, layout=dq_layout)
+        for k in gl.static_range(2):
+            k_cols = kv_ops.a_block(t, k).slice(C * DQ_COLS, DQ_COLS, dim=1)
+            dq = warpgroup_mma(stage.ds_buffer(it, k).permute((1, 0)), k_cols, dq, use_acc=k > 0, is_async=True)
+    return dq
 
 
 @gluon.jit
@@ -150,11 +171,11 @@ def dq_writer_partition(shape, work, batch, dq_desc, stage):
     prev = -1
     first, end = work.bounds()
     for idx in range(first, end):
-        tile = work.item(idx, batch, shape.BLOCK_N, shape.BLOCK_M, True)
+        tile = work.key_tile(idx, batch, shape)
         if tile.valid:
             for g in range(shape.GROUP):
                 col = (tile.head * shape.GROUP + g) * HEAD_DIM
-                for m0 in range(tile.lo, tile.hi, shape.BLOCK_M):
+                for m0 in range(tile.lo, tile.hi, shape.BLOCK_M):  # the item's walk, as the producer's
                     # broadcast q: this CTA's slab of Lq rows (the slabs are summed afterwards)
                     row = gl.program_id(0) * tile.q_len + m0 if shape.BROADCAST else tile.q_start + m0
                     for c in gl.static_range(CHUNKS):

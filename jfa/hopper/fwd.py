@@ -1,7 +1,8 @@
 """The Hopper forward: a persistent, warp-specialized Gluon kernel over a load-balanced jfa.schedule.
 
-Glossary as jfa/geometry.py; aggregates and the barrier protocol as jfa/hopper/common.py. Each CTA loops over
-its items (query tile, head); its partitions share shared memory and talk through mbarriers:
+Glossary as jfa/geometry.py; the score step as jfa/variants.py; aggregates and the barrier protocol as
+jfa/hopper/items.py and buffers.py. Each CTA loops over its items (query tile, head); its partitions share shared
+memory and talk through mbarriers:
 
   load      1 warp: per item, TMA-loads the Q tile (one WG_ROWS box per consumer: ItemOperands), then
             streams the tile's K/V blocks through a STAGES-deep Ring (a slot is refilled once every consumer
@@ -24,13 +25,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from ..geometry import in_window, key_blocks
+from ..geometry import key_blocks, visible
+from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
-from .common import WG_ROWS, Batch, ItemOperands, Ring, Shape, WorkList, aggregate, aligned, store_rows, tma_descriptor
-from .config import FwdConfig, query_tile_schedule, select_fwd
-
-LN2 = gl.constexpr(0.6931471805599453)
+from ..variants import online_softmax, softmax_lse
+from .buffers import ItemOperands, Ring
+from .common import WG_ROWS, Batch, Shape, aggregate, aligned, mma_layout, store_rows, tma_descriptor
+from .config import FwdConfig, fwd_config, query_tile_schedule
+from .items import WorkList
 
 
 @aggregate
@@ -68,7 +71,7 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
     t = 0  # items loaded so far
     first, end = work.bounds()
     for idx in range(first, end):
-        tile = work.item(idx, batch, shape.BLOCK_M, shape.BLOCK_N, False)
+        tile = work.query_tile(idx, batch, shape)
         if tile.valid:
             q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
             q_ops.acquire(t)
@@ -93,18 +96,7 @@ def _mask_scores(s, i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.co
     """Scores of key block n0 with the keys a row may not see at -inf (rows past the sequence's end are
     never stored, so only the keys are tested for existence)."""
     j = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
-    vis = (j < tile.kv_len) & in_window(i_row, j, tile.q_len, tile.kv_len, batch.LEFT, batch.RIGHT)
-    return gl.where(vis, s, float("-inf"))
-
-
-@gluon.jit
-def _softmax(s, m_i, qk_scale):
-    """-> (P, row max m, alpha = exp2 of the max's step): the online softmax of one block of scores."""
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    m_scaled = gl.where(m_new == float("-inf"), 0.0, m_new * qk_scale)  # rows that saw nothing yet
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
-    alpha = gl.exp2(m_i * qk_scale - m_scaled)
-    return p, m_new, alpha
+    return gl.where(visible(i_row, j, tile.seq(), batch.rule(), QUERIES=False), s, float("-inf"))
 
 
 @gluon.jit
@@ -124,7 +116,7 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
     else:
         first, end = work.bounds()
         for idx in range(first, end):
-            tile = work.item(idx, batch, shape.BLOCK_M, shape.BLOCK_N, False)
+            tile = work.query_tile(idx, batch, shape)
             if tile.valid:
                 it = _softmax_item(WG, shape, batch, tile, t, it, q_ops, kv, out)
                 t += 1
@@ -135,73 +127,81 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
     """Item t (its Q waited for here unless posted) from K/V block it on: O and LSE of its rows -> the next
     block's count."""
     BLOCK_N: gl.constexpr = shape.BLOCK_N
-    dtype: gl.constexpr = q_ops.a.dtype
     HEAD_DIM: gl.constexpr = q_ops.a.shape[2]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
+    o_layout: gl.constexpr = mma_layout(HEAD_DIM)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
-    s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
-    q_buf = q_ops.a.index(WG)
-    qk_scale = out.qk_scale
-
     row0 = tile.start + WG * WG_ROWS
-    q_len = tile.q_len
-    kv_len = tile.kv_len
-    lo = tile.lo
-    n_blocks = gl.maximum(gl.cdiv(tile.hi - lo, BLOCK_N), 0)
+    n_blocks = tile.n_blocks(BLOCK_N)
     # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
-    _, full_lo, full_hi, _ = key_blocks(row0, q_len, kv_len, batch.LEFT, batch.RIGHT, WG_ROWS, BLOCK_N)
-    offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
-    i_row = gl.expand_dims(offs_m, 1)
+    _, full_lo, full_hi, _ = key_blocks(row0, tile.seq(), batch.rule(), WG_ROWS, BLOCK_N)
+    edges = (gl.expand_dims(row0 + gl.arange(0, WG_ROWS, layout=s_rows), 1), full_lo, full_hi)
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)  # row max of raw scores
     l_i = gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows)
     acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=o_layout)
     if not q_ops.POSTED:
         q_ops.wait(t, WG)
-    if (row0 < q_len) & (n_blocks > 0):
-        # prologue: S of the first block and its softmax
-        s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        if (lo < full_lo) | (lo >= full_hi):
-            s = _mask_scores(s, i_row, lo, tile, batch, BLOCK_N, s_cols)
-        p, m_i, alpha = _softmax(s, m_i, qk_scale)
-        l_i = gl.sum(p, axis=1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for jb in range(1, n_blocks):
-            n0 = lo + jb * BLOCK_N
-            k_buf = kv.wait_a(it + jb)
-            v_buf = kv.wait_b(it + jb - 1)
-            s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
-            if (n0 < full_lo) | (n0 >= full_hi):
-                s = _mask_scores(s, i_row, n0, tile, batch, BLOCK_N, s_cols)
-            p, m_i, alpha = _softmax(s, m_i, qk_scale)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
-            kv.release(it + jb - 1)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-        q_ops.release(t)  # last S issued and done: the producer may load the next Q
-        last = it + n_blocks - 1
-        acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
-        kv.release(last)
+    if (row0 < tile.q_len) & (n_blocks > 0):
+        acc, m_i, l_i = _attend(WG, shape, batch, tile, t, it, n_blocks, edges, (acc, m_i, l_i), q_ops, kv, out)
     else:  # rows past the sequence's end, or no keys: hand the buffers back
         q_ops.release(t)
         for jb in range(0, n_blocks):
             kv.wait_b(it + jb)
             kv.wait_a(it + jb)
             kv.release(it + jb)
-    if row0 < q_len:
-        _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, dtype)
+    if row0 < tile.q_len:
+        _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, q_ops.a.dtype)
     return it + n_blocks
+
+
+@gluon.jit
+def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, state, q_ops, kv, out):
+    """Consumer WG's rows of item t against its n_blocks K/V blocks from block it on (FlashAttention-3's overlap:
+    S of block j is issued before P V of block j-1); edges: the rows (i_row) and their mask-free blocks [full_lo,
+    full_hi); state: (acc, m_i, l_i) -> the same after the item."""
+    BLOCK_N: gl.constexpr = shape.BLOCK_N
+    dtype: gl.constexpr = q_ops.a.dtype
+    acc, m_i, l_i = state
+    i_row, full_lo, full_hi = edges
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
+    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
+    q_buf = q_ops.a.index(WG)
+    qk_scale = out.qk_scale
+    lo = tile.lo
+    # prologue: S of the first block and its softmax
+    s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    if (lo < full_lo) | (lo >= full_hi):
+        s = _mask_scores(s, i_row, lo, tile, batch, BLOCK_N, s_cols)
+    p, m_i, alpha = online_softmax(s, m_i, qk_scale)
+    l_i = gl.sum(p, axis=1)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    for jb in range(1, n_blocks):
+        n0 = lo + jb * BLOCK_N
+        k_buf = kv.wait_a(it + jb)
+        v_buf = kv.wait_b(it + jb - 1)
+        s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
+        if (n0 < full_lo) | (n0 >= full_hi):
+            s = _mask_scores(s, i_row, n0, tile, batch, BLOCK_N, s_cols)
+        p, m_i, alpha = online_softmax(s, m_i, qk_scale)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
+        kv.release(it + jb - 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    q_ops.release(t)  # last S issued and done: the producer may load the next Q
+    last = it + n_blocks - 1
+    acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
+    kv.release(last)
+    return acc, m_i, l_i
 
 
 @gluon.jit
@@ -210,7 +210,7 @@ def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.cons
     """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf."""
     HEAD_DIM: gl.constexpr = acc.shape[1]
     seen = l_i > 0.0
-    lse = gl.where(seen, (m_i * out.qk_scale + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    lse = softmax_lse(m_i, l_i, out.qk_scale)
     inv = gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0), o_rows)
     o = (acc * gl.expand_dims(inv, 1)).to(dtype)
     base = out.O + tile.head * out.stride_oh
@@ -256,26 +256,28 @@ def descriptors(q, k, v, cfg: FwdConfig):
     return tma_descriptor(q, WG_ROWS.value), tma_descriptor(k, cfg.block_n), tma_descriptor(v, cfg.block_n)
 
 
-def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
-    """-> (out, lse) as jfa.triton.launch.forward. Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
-    batch = kv_offsets.numel() - 1
-    cfg = select_fwd(q.shape[2], k.shape[0] / max(batch, 1))
-    rows = batch * q.shape[0] if broadcast else q.shape[0]
-    hq, d = q.shape[1], q.shape[2]
-    out = torch.empty(rows, hq, d, dtype=q.dtype, device=q.device)
-    lse = torch.empty(hq, rows, dtype=torch.float32, device=q.device)
-    if rows == 0 or batch == 0 or q.shape[0] == 0:
+def constexprs(cfg: FwdConfig, p: Problem) -> dict:
+    """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), num_warps=4)
+
+
+def forward(p: Problem, cfg: FwdConfig | None = None):
+    """-> (out, lse) as jfa.triton.launch.forward; cfg: fwd_config(p)'s by default. Needs an sm_90 device,
+    bf16/fp16, D in (64, 128)."""
+    cfg = cfg or fwd_config(p)
+    q, k, v = p.q, p.k, p.v
+    out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(p.heads, p.rows, dtype=torch.float32, device=q.device)
+    if p.rows == 0 or p.batch == 0 or q.shape[0] == 0:
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
     ctas = num_sms(q.device) * cfg.ctas_per_sm
-    spec = query_tile_schedule(rows, hq, cfg.block_m, left, right, ctas)
-    sched = CACHE.get(q_offsets, kv_offsets, spec, k.shape[0])
+    spec = query_tile_schedule(p.rows, p.heads, cfg.block_m, p.left, p.right, ctas)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
     q, k, v = aligned(q, k, v)
     hopper_fwd_kernel[(ctas, )](
-        *descriptors(q, k, v, cfg), out, lse, q_offsets, kv_offsets, sched.tiles, sched.order, sched.sm_start,
-        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], hq, scale * math.log2(math.e), left,
-        right, GROUP=hq // k.shape[1], BLOCK_N=cfg.block_n, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-        BROADCAST=broadcast, COALESCED=cfg.coalesced_store, POSTED=cfg.posted_items, num_warps=4,
-        **cfg.launch_options())
+        *descriptors(q, k, v, cfg), out, lse, p.q_offsets, p.kv_offsets, sched.tiles, sched.order, sched.sm_start,
+        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], p.heads, p.scale * math.log2(math.e),
+        p.left, p.right, **constexprs(cfg, p), **cfg.launch_options())
     return out, lse

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..bwd_common import block_d, delta, sum_broadcast_dq
 from ..jagged import tile_table
+from ..problem import Problem
 from ..runtime import check_runnable, interpreting
 from . import kernels
 
@@ -65,102 +67,78 @@ def dot_mode(dtype: torch.dtype) -> str:
     return "upcast" if dtype == torch.bfloat16 and interpreting() else "tf32"  # tf32: no-op for 16-bit
 
 
-def _block_d(head_dim):
-    return max(16, triton.next_power_of_2(head_dim))
+def constexprs(cfg: TileConfig, p: Problem) -> dict:
+    """The compile-time arguments of a kernel run with this config on this problem (the launchers' and
+    jfa.triton.aot's one mapping)."""
+    return dict(GROUP=p.group, D=p.head_dim, BLOCK_D=block_d(p.head_dim), DOT=dot_mode(p.q.dtype),
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=p.broadcast, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
 
 
-def _common(q, k, head_dim):
-    return dict(GROUP=q.shape[1] // k.shape[1], D=head_dim, BLOCK_D=_block_d(head_dim), DOT=dot_mode(q.dtype))
-
-
-def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
-    """-> (out [rows, Hq, D], lse [Hq, rows] float32). q_offsets give the output rows (b*Lq in broadcast);
-    left, right in jfa.jagged.resolve_window's form."""
-    batch = kv_offsets.numel() - 1
-    rows = batch * q.shape[0] if broadcast else q.shape[0]
-    hq, head_dim = q.shape[1], q.shape[2]
-    out = torch.empty(rows, hq, head_dim, dtype=q.dtype, device=q.device)
-    lse = torch.empty(hq, rows, dtype=torch.float32, device=q.device)
-    if rows == 0 or batch == 0:
+def forward(p: Problem, configs: Configs | None = None):
+    """-> (out [rows, Hq, D], lse [Hq, rows] float32); configs: select_config's by default."""
+    q, k, v = p.q, p.k, p.v
+    out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(p.heads, p.rows, dtype=torch.float32, device=q.device)
+    if p.rows == 0 or p.batch == 0:
         return out, lse
     check_runnable(q.device)
-    cfg = select_config(q.device, head_dim, q.dtype).fwd
-    tiles = tile_table(q_offsets, cfg.block_m, rows)
-    kernels.attention_fwd_kernel[(tiles.shape[1], hq)](
-        q, k, v, out, lse, q_offsets, kv_offsets, tiles, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+    cfg = (configs or select_config(q.device, p.head_dim, q.dtype)).fwd
+    tiles = tile_table(p.q_offsets, cfg.block_m, p.rows)
+    kernels.attention_fwd_kernel[(tiles.shape[1], p.heads)](
+        q, k, v, out, lse, p.q_offsets, p.kv_offsets, tiles, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), tiles.shape[1],
-        scale * math.log2(math.e), left, right, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_common(q, k, head_dim))
+        p.scale * math.log2(math.e), p.left, p.right, **constexprs(cfg, p))
     return out, lse
 
 
-def backward(dout, dlse, q, k, v, out, lse, q_offsets, kv_offsets, scale, left, right, broadcast,
-             deterministic=False, max_kv_len=None):
+def backward(p: Problem, out, lse, dout, dlse, configs: Configs | None = None):
     """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None. Deterministic whatever
-    `deterministic` says: no atomics (broadcast q's dQ is summed from per-sequence float32 partials). max_kv_len
-    is not used."""
-    batch = kv_offsets.numel() - 1
-    rows = out.shape[0]
+    p.deterministic says: no atomics (broadcast q's dQ is summed from per-sequence float32 partials)."""
+    q, k = p.q, p.k
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    dq = torch.empty(rows, q.shape[1], q.shape[2], device=q.device,
-                     dtype=torch.float32 if broadcast else q.dtype)
-    if batch == 0:
+    dv = torch.empty_like(p.v, memory_format=torch.contiguous_format)
+    dq = torch.empty(p.rows, p.heads, p.head_dim, device=q.device,
+                     dtype=torch.float32 if p.broadcast else q.dtype)
+    if p.batch == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     check_runnable(q.device)
+    configs = configs or select_config(q.device, p.head_dim, q.dtype)
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    delta = bwd_delta(out, dout, dlse, lse)
-    args = (q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast)
+    grads = _Grads(dout, lse, delta(out, dout, dlse, lse))
     if k.shape[0] > 0:
-        _bwd_dkdv(*args, dk, dv)
-    if rows > 0:
-        _bwd_dq(*args, dq)
-    return sum_broadcast_dq(dq, q, batch, broadcast), dk, dv
+        _bwd_dkdv(p, grads, dk, dv, configs.dkdv)
+    if p.rows > 0:
+        _bwd_dq(p, grads, dq, configs.dq)
+    return sum_broadcast_dq(dq, q, p.batch, p.broadcast), dk, dv
 
 
-def sum_broadcast_dq(dq, q, batch: int, broadcast: bool):
-    """dq in q's dtype: in broadcast mode the per-sequence float32 partials [B * Lq, Hq, D] summed over the
-    batch (a fixed order: deterministic)."""
-    if broadcast:
-        dq = dq.view(batch, q.shape[0], q.shape[1], q.shape[2]).sum(0)
-    return dq.to(q.dtype)
+@dataclass(frozen=True)
+class _Grads:
+    """What both backward passes read besides the problem."""
+    dout: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
 
 
-def bwd_delta(out, dout, dlse, lse):
-    """Delta = rowsum(dO * O) - dLSE, float32 [Hq, rows] (the preprocess of every backward here)."""
-    rows, hq, head_dim = out.shape
-    delta = torch.empty_like(lse)
-    dlse = None if dlse is None else dlse.contiguous()  # read with lse's strides
-    if rows > 0:
-        block_t = 64 if out.device.type == "cuda" else 16
-        kernels.attention_bwd_preprocess_kernel[(triton.cdiv(rows, block_t), hq)](
-            out, dout, dlse if dlse is not None else lse, delta, rows,
-            out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), lse.stride(0),
-            D=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_T=block_t, HAS_DLSE=dlse is not None)
-    return delta
-
-
-def _bwd_dkdv(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dk, dv):
+def _bwd_dkdv(p: Problem, g: _Grads, dk, dv, cfg: TileConfig):
     """The dK/dV pass into dk, dv (one program per key tile and kv head; GQA reduced in registers)."""
-    cfg = select_config(q.device, q.shape[2], q.dtype).dkdv
-    tiles = tile_table(kv_offsets, cfg.block_n, k.shape[0])
+    q, k, v = p.q, p.k, p.v
+    tiles = tile_table(p.kv_offsets, cfg.block_n, k.shape[0])
     kernels.attention_bwd_dkdv_kernel[(tiles.shape[1], k.shape[1])](
-        q, k, v, dout, lse, delta, dk, dv, q_offsets, kv_offsets, tiles,
+        q, k, v, g.dout, g.lse, g.delta, dk, dv, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-        tiles.shape[1], scale, scale * math.log2(math.e), left, right,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_common(q, k, q.shape[2]))
+        g.dout.stride(0), g.dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        g.lse.stride(0), tiles.shape[1], p.scale, p.scale * math.log2(math.e), p.left, p.right,
+        **constexprs(cfg, p))
 
 
-def _bwd_dq(q, k, v, dout, lse, delta, q_offsets, kv_offsets, scale, left, right, broadcast, dq):
+def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
     """The dQ pass into dq (per-sequence float32 partials in broadcast mode)."""
-    cfg = select_config(q.device, q.shape[2], q.dtype).dq
-    tiles = tile_table(q_offsets, cfg.block_m, dq.shape[0])
+    q, k, v = p.q, p.k, p.v
+    tiles = tile_table(p.q_offsets, cfg.block_m, dq.shape[0])
     kernels.attention_bwd_dq_kernel[(tiles.shape[1], q.shape[1])](
-        q, k, v, dout, lse, delta, dq, q_offsets, kv_offsets, tiles,
+        q, k, v, g.dout, g.lse, g.delta, dq, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), lse.stride(0),
-        tiles.shape[1], scale, scale * math.log2(math.e), left, right,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=broadcast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_common(q, k, q.shape[2]))
+        g.dout.stride(0), g.dout.stride(1), dq.stride(0), dq.stride(1), g.lse.stride(0),
+        tiles.shape[1], p.scale, p.scale * math.log2(math.e), p.left, p.right, **constexprs(cfg, p))

@@ -1,6 +1,6 @@
 """Portable Triton backward, FlashAttention-2 structure, deterministic (no atomics):
 
-1. preprocess: Delta = rowsum(dO * O) - dLSE, float32 [Hq, rows] (dLSE is the gradient of the returned lse).
+1. Delta = rowsum(dO * O) - dLSE, float32 [Hq, rows] (jfa.bwd_common; dLSE is the gradient of the returned lse).
 2. dK/dV pass, program (i_tile, i_hk): one key tile of one kv head; it loops over the GROUP query heads that
    read that kv head and over the query blocks that see the tile (jfa.geometry.query_blocks), so a GQA group is
    reduced in registers. Computed transposed (S^T = K Q^T) so no tile needs a transpose.
@@ -14,32 +14,15 @@ import triton
 import triton.language as tl
 
 from ...geometry import key_blocks, query_blocks, sequence_bounds, visible
+from ...variants import softmax_dscores, softmax_weights
 from .common import mma
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def attention_bwd_preprocess_kernel(O, DO, DLSE, DELTA, rows, stride_ot, stride_oh, stride_dot, stride_doh,
-                                    stride_lh, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-                                    HAS_DLSE: tl.constexpr):
-    i_t = tl.program_id(0)
-    i_h = tl.program_id(1)
-    o_t = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    o_d = tl.arange(0, BLOCK_D)
-    m = (o_t < rows)[:, None] & (o_d < D)[None, :]
-    b_o = tl.load(O + o_t[:, None].to(tl.int64) * stride_ot + i_h * stride_oh + o_d[None, :], mask=m, other=0.0)
-    b_do = tl.load(DO + o_t[:, None].to(tl.int64) * stride_dot + i_h * stride_doh + o_d[None, :], mask=m,
-                   other=0.0)
-    b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)  # [BLOCK_T]
-    if HAS_DLSE:
-        b_delta -= tl.load(DLSE + i_h * stride_lh + o_t, mask=o_t < rows, other=0.0)
-    tl.store(DELTA + i_h * stride_lh + o_t, b_delta, mask=o_t < rows)
-
-
-@triton.jit
-def _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSE, DELTA, offs_n, start, end, q_len, kv_len, LEFT, RIGHT,
-                 qk_scale, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
+def _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSE, DELTA, offs_n, start, end, seq, rule, qk_scale,
+                 BLOCK_M: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
     """Query blocks [start, end) of one head: p_qt / p_do are block pointers at query 0 (advanced here);
     LSE / DELTA point at the head's row 0 of this sequence."""
     p_qt = tl.advance(p_qt, (0, start))
@@ -48,15 +31,15 @@ def _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSE, DELTA, offs_n, start, end, q
         o_m = m0 + tl.arange(0, BLOCK_M)
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_D, BLOCK_M]
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_M, BLOCK_D]
-        b_lse = tl.load(LSE + o_m, mask=o_m < q_len, other=0.0) * LOG2E
+        b_lse = tl.load(LSE + o_m, mask=o_m < seq[0], other=0.0) * LOG2E
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)  # a row that sees nothing: P = 0
-        b_delta = tl.load(DELTA + o_m, mask=o_m < q_len, other=0.0)
-        b_pt = tl.exp2(mma(b_k, b_qt, DOT) * qk_scale - b_lse[None, :])  # [BLOCK_N, BLOCK_M]
+        b_delta = tl.load(DELTA + o_m, mask=o_m < seq[0], other=0.0)
+        b_pt = softmax_weights(mma(b_k, b_qt, DOT), qk_scale, b_lse[None, :])  # [BLOCK_N, BLOCK_M]
         if MASKED:
-            b_pt = tl.where(visible(o_m[None, :], offs_n[:, None], q_len, kv_len, LEFT, RIGHT), b_pt, 0.0)
+            b_pt = tl.where(visible(o_m[None, :], offs_n[:, None], seq, rule), b_pt, 0.0)
         dv += mma(b_pt.to(b_do.dtype), b_do, DOT)
         b_dpt = mma(b_v, tl.trans(b_do), DOT)  # [BLOCK_N, BLOCK_M]
-        b_dst = b_pt * (b_dpt - b_delta[None, :])
+        b_dst = softmax_dscores(b_pt, b_dpt, b_delta[None, :])
         dk += mma(b_dst.to(b_qt.dtype), tl.trans(b_qt), DOT)
         p_qt = tl.advance(p_qt, (0, BLOCK_M))
         p_do = tl.advance(p_do, (BLOCK_M, 0))
@@ -78,7 +61,9 @@ def attention_bwd_dkdv_kernel(
     if seq < 0:
         return
     n0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_N
-    q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
+    q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
+    q_len, kv_len = lens[0], lens[1]
+    rule = (LEFT, RIGHT)
     Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
     DO += q_start.to(tl.int64) * stride_dot
     LSE += q_start
@@ -95,7 +80,7 @@ def attention_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = query_blocks(n0, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi = query_blocks(n0, lens, rule, BLOCK_M, BLOCK_N)
     for g in range(GROUP):  # the query heads of this kv head's group, reduced here (no atomics)
         i_h = i_hk * GROUP + g
         p_qt = tl.make_block_ptr(Q_seq + i_h * stride_qh, (D, q_len), (1, stride_qt), (0, 0), (BLOCK_D, BLOCK_M),
@@ -104,12 +89,12 @@ def attention_bwd_dkdv_kernel(
                                  (1, 0))
         LSEh = LSE + i_h * stride_lh
         DELTAh = DELTA + i_h * stride_lh
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, lo, full_lo, q_len, kv_len,
-                              LEFT, RIGHT, qk_scale, BLOCK_M, True, DOT)
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_lo, full_hi, q_len, kv_len,
-                              LEFT, RIGHT, qk_scale, BLOCK_M, False, DOT)
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_hi, hi, q_len, kv_len,
-                              LEFT, RIGHT, qk_scale, BLOCK_M, True, DOT)
+        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, lo, full_lo, lens, rule,
+                              qk_scale, BLOCK_M, True, DOT)
+        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_lo, full_hi, lens, rule,
+                              qk_scale, BLOCK_M, False, DOT)
+        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_hi, hi, lens, rule,
+                              qk_scale, BLOCK_M, True, DOT)
 
     p_dk = tl.make_block_ptr(DK + kv_rows * stride_dkt + i_hk * stride_dkh, (kv_len, D), (stride_dkt, 1), (n0, 0),
                              (BLOCK_N, BLOCK_D), (1, 0))
@@ -120,7 +105,7 @@ def attention_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, start, end, q_len, kv_len, LEFT, RIGHT, qk_scale,
+def _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, start, end, seq, rule, qk_scale,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
     """Key blocks [start, end): p_k / p_vt are block pointers at the sequence's key 0 (advanced here)."""
     p_k = tl.advance(p_k, (start, 0))
@@ -128,12 +113,12 @@ def _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, start, end, q_l
     for n0 in range(start, end, BLOCK_N):
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_N, BLOCK_D]
         b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_D, BLOCK_N]
-        b_p = tl.exp2(mma(b_q, tl.trans(b_k), DOT) * qk_scale - b_lse[:, None])  # [BLOCK_M, BLOCK_N]
+        b_p = softmax_weights(mma(b_q, tl.trans(b_k), DOT), qk_scale, b_lse[:, None])  # [BLOCK_M, BLOCK_N]
         if MASKED:
             o_n = n0 + tl.arange(0, BLOCK_N)
-            b_p = tl.where(visible(offs_m[:, None], o_n[None, :], q_len, kv_len, LEFT, RIGHT), b_p, 0.0)
+            b_p = tl.where(visible(offs_m[:, None], o_n[None, :], seq, rule), b_p, 0.0)
         b_dp = mma(b_do, b_vt, DOT)  # [BLOCK_M, BLOCK_N]
-        b_ds = b_p * (b_dp - b_delta[:, None])
+        b_ds = softmax_dscores(b_p, b_dp, b_delta[:, None])
         dq += mma(b_ds.to(b_k.dtype), b_k, DOT)
         p_k = tl.advance(p_k, (BLOCK_N, 0))
         p_vt = tl.advance(p_vt, (0, BLOCK_N))
@@ -155,7 +140,9 @@ def attention_bwd_dq_kernel(
     if seq < 0:
         return
     m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
-    q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
+    q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
+    q_len, kv_len = lens[0], lens[1]
+    rule = (LEFT, RIGHT)
     Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
     q_rows, kv_rows, i_hk = q_start.to(tl.int64), kv_start.to(tl.int64), i_h // GROUP
 
@@ -175,13 +162,13 @@ def attention_bwd_dq_kernel(
                              (BLOCK_D, BLOCK_N), (0, 1))
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = key_blocks(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, lo, full_lo, q_len, kv_len, LEFT, RIGHT,
-                    qk_scale, BLOCK_N, True, DOT)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_lo, full_hi, q_len, kv_len, LEFT, RIGHT,
-                    qk_scale, BLOCK_N, False, DOT)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_hi, hi, q_len, kv_len, LEFT, RIGHT,
-                    qk_scale, BLOCK_N, True, DOT)
+    lo, full_lo, full_hi, hi = key_blocks(m0, lens, rule, BLOCK_M, BLOCK_N)
+    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, lo, full_lo, lens, rule, qk_scale, BLOCK_N,
+                    True, DOT)
+    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_lo, full_hi, lens, rule, qk_scale,
+                    BLOCK_N, False, DOT)
+    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_hi, hi, lens, rule, qk_scale, BLOCK_N,
+                    True, DOT)
     # Broadcast: DQ is a float32 buffer of per-sequence partials (rows follow q_offsets), summed afterwards.
     p_dq = tl.make_block_ptr(DQ + q_rows * stride_dqt + i_h * stride_dqh, (q_len, D), (stride_dqt, 1), (m0, 0),
                              (BLOCK_M, BLOCK_D), (1, 0))

@@ -9,32 +9,24 @@ import triton
 import triton.language as tl
 
 from ...geometry import key_blocks, sequence_bounds, visible
+from ...variants import online_softmax, softmax_lse
 from .common import mma
-
-LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, start, end, q_len, kv_len,
-                LEFT, RIGHT, qk_scale, stride_kt, stride_vt,
+def _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, start, end, seq, rule, qk_scale, stride_kt, stride_vt,
                 D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     m_d = offs_d < D
     for n0 in range(start, end, BLOCK_N):
         o_n = n0 + offs_n
-        m_n = o_n < kv_len
+        m_n = o_n < seq[1]
         p_k = K + o_n[None, :] * stride_kt + offs_d[:, None]
         b_kt = tl.load(p_k, mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
-        b_s = mma(b_q, b_kt, DOT) * qk_scale  # [BLOCK_M, BLOCK_N]
+        b_s = mma(b_q, b_kt, DOT) * qk_scale  # [BLOCK_M, BLOCK_N], base-2 logits
         if MASKED:
-            b_s = tl.where(visible(offs_m[:, None], o_n[None, :], q_len, kv_len, LEFT, RIGHT), b_s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(b_s, 1))
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
-        else:
-            m_new = tl.maximum(m_i, tl.max(b_s, 1))
-            m_new_safe = m_new
-        b_p = tl.exp2(b_s - m_new_safe[:, None])
-        alpha = tl.exp2(m_i - m_new_safe)
+            b_s = tl.where(visible(offs_m[:, None], o_n[None, :], seq, rule), b_s, float("-inf"))
+        b_p, m_new, alpha = online_softmax(b_s, m_i, 1.0, MASKED)  # (rows that saw nothing: masked blocks only)
         l_i = l_i * alpha + tl.sum(b_p, 1)
         p_v = V + o_n[:, None] * stride_vt + offs_d[None, :]
         b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
@@ -49,7 +41,9 @@ def _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h,
               qk_scale, LEFT, RIGHT, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr):
     """Query rows [m0, m0 + BLOCK_M) of sequence `seq`, head i_h: output and lse."""
-    q_start, q_len, kv_start, kv_len = sequence_bounds(q_offsets, kv_offsets, seq)
+    q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
+    q_len = lens[0]
+    rule = (LEFT, RIGHT)
     Q += i_h * stride_qh
     if not BROADCAST:  # broadcast: every sequence reads the same dense q rows
         Q += q_start.to(tl.int64) * stride_qt
@@ -67,18 +61,18 @@ def _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = key_blocks(m0, q_len, kv_len, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, lo, full_lo, q_len, kv_len,
-                                LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, True, DOT)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_lo, full_hi, q_len,
-                                kv_len, LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, False, DOT)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_hi, hi, q_len, kv_len,
-                                LEFT, RIGHT, qk_scale, stride_kt, stride_vt, D, BLOCK_N, True, DOT)
+    lo, full_lo, full_hi, hi = key_blocks(m0, lens, rule, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, lo, full_lo, lens, rule, qk_scale,
+                                stride_kt, stride_vt, D, BLOCK_N, True, DOT)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_lo, full_hi, lens, rule, qk_scale,
+                                stride_kt, stride_vt, D, BLOCK_N, False, DOT)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_hi, hi, lens, rule, qk_scale,
+                                stride_kt, stride_vt, D, BLOCK_N, True, DOT)
 
     # A row that saw no key: output 0, lse -inf.
     seen = l_i > 0.0
     b_o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    b_lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    b_lse = softmax_lse(m_i, l_i, 1.0)
     p_o = O + q_start.to(tl.int64) * stride_ot + i_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
     tl.store(LSE + i_h * stride_lh + q_start + offs_m, b_lse, mask=m_m)

@@ -1,0 +1,279 @@
+"""The shared-memory buffers of the Hopper kernels with their mbarriers: what the 1-warp producer fills and the
+consumer warpgroups read.
+
+  Ring           a STAGES-deep ring of two operands' blocks streamed by the producer (K and V, or Q and dO)
+  RowStats       beside a Ring's blocks, their rows' statistics (the backward's LSE and Delta)
+  ItemOperands   operands loaded once per item, one block per consumer warpgroup (Q; K and V; Q and dO), and
+                 the item's bookkeeping beside them, so the consumers read it from shared memory
+
+The barrier protocol is the same everywhere: a ready barrier (count 1) completes when the producer's TMA bytes
+land (expect-tx); an empty barrier counts one release per consumer, and the producer waits on it with the
+phase flipped (a fresh barrier passes a wait on phase 1). Producer and consumers count items (t) and blocks
+(it) the same way, so every wait has exactly one matching completion.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from .common import aggregate
+from .items import Item
+
+
+@aggregate
+class Ring:
+    """STAGES slots of one block of each of two operands, refilled by the producer as the consumers release
+    them. SPLIT: a ready barrier per operand (a consumer can start on the first operand alone), else one."""
+    a: gl.shared_memory_descriptor
+    b: gl.shared_memory_descriptor
+    a_ready: gl.shared_memory_descriptor
+    b_ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    STAGES: gl.constexpr
+    SPLIT: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, a, b, a_ready, b_ready, empty, STAGES, SPLIT):
+        self.a = a
+        self.b = b
+        self.a_ready = a_ready
+        self.b_ready = b_ready
+        self.empty = empty
+        self.STAGES = gl.constexpr(STAGES)
+        self.SPLIT = gl.constexpr(SPLIT)
+
+    @gluon.jit
+    def alloc(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr):
+        a = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
+        b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
+        a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b_ready = a_ready
+        if SPLIT:
+            b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(a_ready.index(i), count=1)
+            if SPLIT:
+                mbarrier.init(b_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        return Ring(a, b, a_ready, b_ready, empty, STAGES, SPLIT)
+
+    @gluon.jit
+    def fill(self, it, a_desc, a_coord, b_desc, b_coord):
+        """Producer: wait until block `it`'s slot is free, then TMA-load both operands into it."""
+        self.claim(it)
+        self.issue(it, a_desc, a_coord, b_desc, b_coord)
+
+    @gluon.jit
+    def claim(self, it):
+        """Producer: wait until block `it`'s slot is free."""
+        mbarrier.wait(self.empty.index(it % self.STAGES), ((it // self.STAGES) & 1) ^ 1)
+
+    @gluon.jit
+    def issue(self, it, a_desc, a_coord, b_desc, b_coord):
+        """Producer (after claim): arm the ready barrier(s) and TMA-load both operands into block `it`'s slot."""
+        slot = it % self.STAGES
+        if self.SPLIT:
+            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
+            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
+        tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
+
+    @gluon.jit
+    def wait(self, it):
+        """Consumer: block `it`'s two operands, once they have landed."""
+        slot = it % self.STAGES
+        mbarrier.wait(self.a_ready.index(slot), (it // self.STAGES) & 1)
+        if self.SPLIT:
+            mbarrier.wait(self.b_ready.index(slot), (it // self.STAGES) & 1)
+        return self.a.index(slot), self.b.index(slot)
+
+    @gluon.jit
+    def wait_a(self, it):
+        """Consumer: block `it`'s first operand, once it has landed."""
+        slot = it % self.STAGES
+        mbarrier.wait(self.a_ready.index(slot), (it // self.STAGES) & 1)
+        return self.a.index(slot)
+
+    @gluon.jit
+    def wait_b(self, it):
+        slot = it % self.STAGES
+        mbarrier.wait(self.b_ready.index(slot), (it // self.STAGES) & 1)
+        return self.b.index(slot)
+
+    @gluon.jit
+    def release(self, it):
+        """Consumer: done reading block `it`'s slot (after the MMAs that read it completed)."""
+        mbarrier.arrive(self.empty.index(it % self.STAGES), count=1)
+
+
+@aggregate
+class RowStats:
+    """Beside each block of a Ring, its rows' statistics (the backward's log2-scaled LSE and Delta, BLOCK_M
+    float32 each): the producer loads them and stores them to shared memory before it arms the slot's ready
+    barrier (whose arrival releases the stores; the consumers' release of the slot orders their reads before
+    the next round's stores), so the consumers read shared memory instead of waiting on global
+    loads in the middle of the block. (A TMA load of a [2, 64] float32 box faulted as an illegal instruction on the
+    H200 with triton 3.6.)"""
+    buf: gl.shared_memory_descriptor  # [STAGES * 2, BLOCK_M]
+    STAGES: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, buf, STAGES):
+        self.buf = buf
+        self.STAGES = gl.constexpr(STAGES)
+
+    @gluon.jit
+    def alloc(BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+        plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        return RowStats(gl.allocate_shared_memory(gl.float32, [STAGES * 2, BLOCK_M], plain), STAGES)
+
+    @gluon.jit
+    def put(self, it, LSE, DELTA, row0, rows):
+        """Producer (1 warp), between ring.claim(it) and ring.issue(it): rows [row0, row0 + BLOCK_M) of LSE
+        (times log2 e) and DELTA, zero past `rows`."""
+        BLOCK_M: gl.constexpr = self.buf.shape[1]
+        layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+        offs = row0 + gl.arange(0, BLOCK_M, layout=layout)
+        lse = gl.load(LSE + offs, mask=offs < rows, other=0.0)
+        delta = gl.load(DELTA + offs, mask=offs < rows, other=0.0)
+        slot = it % self.STAGES
+        self.buf.index(2 * slot).store(lse * 1.4426950408889634)
+        self.buf.index(2 * slot + 1).store(delta)
+        # every lane's stores before the one elected lane's arrive on the ready barrier (which releases them)
+        gl.thread_barrier()
+
+    @gluon.jit
+    def read(self, it, layout: gl.constexpr):
+        """Consumer (after the ring's wait): block `it`'s (log2 e * LSE, Delta) in `layout`."""
+        slot = it % self.STAGES
+        return self.buf.index(2 * slot).load(layout), self.buf.index(2 * slot + 1).load(layout)
+
+
+@gluon.jit
+def _field(rec, k, i: gl.constexpr):
+    """Field i of a posted record (every lane holds all of it: an in-thread sum)."""
+    return gl.sum(gl.where(k == i, rec, 0), axis=0)
+
+
+@aggregate
+class ItemOperands:
+    """One block of one or two operands per consumer warpgroup, loaded once per item, in SLOTS sets used by items in
+    turn (item t takes set t % SLOTS: with two, the next item's blocks load while this one runs): ready[set, w]
+    completes when consumer w's block lands; empty[set] counts one release per consumer."""
+    a: gl.shared_memory_descriptor  # [SLOTS * CONSUMERS, rows, cols]
+    b: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    meta: gl.shared_memory_descriptor  # POSTED: [SLOTS, 8] int32, each set's Item (post, item)
+    TWO: gl.constexpr
+    CONSUMERS: gl.constexpr
+    SLOTS: gl.constexpr
+    POSTED: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED):
+        self.a = a
+        self.b = b
+        self.ready = ready
+        self.empty = empty
+        self.meta = meta
+        self.TWO = gl.constexpr(TWO)
+        self.CONSUMERS = gl.constexpr(CONSUMERS)
+        self.SLOTS = gl.constexpr(SLOTS)
+        self.POSTED = gl.constexpr(POSTED)
+
+    @gluon.jit
+    def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr, SLOTS: gl.constexpr = 1,
+              POSTED: gl.constexpr = False):
+        a = gl.allocate_shared_memory(a_desc.dtype, [SLOTS * CONSUMERS] + a_desc.block_shape, a_desc.layout)
+        b = a
+        if TWO:
+            b = gl.allocate_shared_memory(b_desc.dtype, [SLOTS * CONSUMERS] + b_desc.block_shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [SLOTS * CONSUMERS, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(SLOTS):
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        for i in gl.static_range(SLOTS * CONSUMERS):
+            mbarrier.init(ready.index(i), count=1)
+        meta = empty
+        if POSTED:
+            plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+            meta = gl.allocate_shared_memory(gl.int32, [SLOTS, 8], plain)
+        return ItemOperands(a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED)
+
+    @gluon.jit
+    def post(self, t, tile):
+        """Producer (1 warp), after acquire and before load: item t's bookkeeping into its set, so the
+        consumers skip WorkList's three dependent global loads per item (ncu: 15-20% of the consumers' stall samples
+        on targets-32). The load's ready barriers release the stores, the set's empty barrier orders the
+        consumers' reads before the next item's."""
+        k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [1], [0]))
+        rec = gl.where(k == 0, tile.head, gl.where(k == 1, tile.start, gl.where(k == 2, tile.q_start, gl.where(
+            k == 3, tile.q_len, gl.where(k == 4, tile.kv_start, gl.where(k == 5, tile.kv_len, gl.where(
+                k == 6, tile.lo, tile.hi)))))))  # Item's fields in order, valid aside (item: head >= 0)
+        self.meta.index(t % self.SLOTS).store(rec)
+        gl.thread_barrier()  # every lane's stores before the one elected lane's arrive
+
+    @gluon.jit
+    def close(self, t):
+        """Producer, after its last item t - 1: set t's record says no item, its ready barriers complete empty
+        (the consumers' loop over posted items ends there)."""
+        self.acquire(t)
+        self.meta.index(t % self.SLOTS).store(gl.full([8], -1, gl.int32, layout=gl.BlockedLayout([8], [32], [1], [0])))
+        gl.thread_barrier()
+        for w in gl.static_range(self.CONSUMERS):
+            self.skip(t, w)
+
+    @gluon.jit
+    def item(self, t, WARPS: gl.constexpr):
+        """Consumer (WARPS warps, after wait): item t's Item, as the producer posted it."""
+        k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [WARPS], [0]))
+        rec = self.meta.index(t % self.SLOTS).load(k.type.layout)
+        head = _field(rec, k, 0)
+        return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), _field(rec, k, 3), _field(rec, k, 4),
+                    _field(rec, k, 5), _field(rec, k, 6), _field(rec, k, 7))
+
+    @gluon.jit
+    def acquire(self, t):
+        """Producer: wait until every consumer has released the blocks of item t - SLOTS (the same set)."""
+        mbarrier.wait(self.empty.index(t % self.SLOTS), ((t // self.SLOTS) & 1) ^ 1)
+
+    @gluon.jit
+    def load(self, t, w: gl.constexpr, a_desc, a_coord, b_desc, b_coord):
+        """Producer: TMA-load consumer w's block(s) of item t (after acquire)."""
+        i = (t % self.SLOTS) * self.CONSUMERS + w
+        bar = self.ready.index(i)
+        if self.TWO:
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))
+            tma.async_copy_global_to_shared(b_desc, b_coord, bar, self.b.index(i))
+        else:
+            mbarrier.expect(bar, a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))
+
+    @gluon.jit
+    def skip(self, t, w: gl.constexpr):
+        """Producer: consumer w has no rows in item t (it reads no block): complete its ready barrier empty."""
+        mbarrier.arrive(self.ready.index((t % self.SLOTS) * self.CONSUMERS + w), count=1)
+
+    @gluon.jit
+    def wait(self, t, w: gl.constexpr):
+        """Consumer w: item t's blocks have landed."""
+        mbarrier.wait(self.ready.index((t % self.SLOTS) * self.CONSUMERS + w), (t // self.SLOTS) & 1)
+
+    @gluon.jit
+    def a_block(self, t, w):
+        """Consumer w's (or, for a shared read, consumer w's neighbour's) first operand of item t."""
+        return self.a.index((t % self.SLOTS) * self.CONSUMERS + w)
+
+    @gluon.jit
+    def b_block(self, t, w):
+        return self.b.index((t % self.SLOTS) * self.CONSUMERS + w)
+
+    @gluon.jit
+    def release(self, t):
+        """Consumer: done reading item t's blocks."""
+        mbarrier.arrive(self.empty.index(t % self.SLOTS), count=1)

@@ -1,0 +1,91 @@
+"""The attention problem, described once.
+
+jfa.api builds one ``Problem`` per call, after jfa.checks has validated the inputs; everything below it takes the
+problem whole: the custom op (jfa.op, which flattens it into its fields only because torch.library needs plain
+arguments, its schema made from the fields), the backends, the FLOP counter (jfa.flops) and the bench. A new kind
+of attention adds its fields here, with their defaults meaning "as before", and reads them where it acts.
+
+Fields are the tensors first (q, k, v lead: the op returns their gradients in field order), then what the mask and
+the score need, then what the caller knows about the lengths, then how to run it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    q: Tensor  # [Tq, Hq, D] packed, or [Lq, Hq, D] dense in broadcast mode
+    k: Tensor  # [Tk, Hkv, D], Hq % Hkv == 0
+    v: Tensor  # [Tk, Hkv, D]
+    q_offsets: Tensor  # [B+1] rows of the output (b * Lq in broadcast mode); kv_offsets itself in self-attention
+    kv_offsets: Tensor  # [B+1]
+    scale: float  # of the scores q . k
+    left: int  # the window in jfa.jagged.resolve_window's form (an unbounded side is jfa.jagged.UNBOUNDED)
+    right: int
+    broadcast: bool = False  # one dense q block attended by every kv sequence
+    max_q_len: Optional[int] = None  # the caller's bounds on the lengths (or None): they never change a result,
+    max_kv_len: Optional[int] = None  # and the hopper backward skips work by max_kv_len
+    backend: str = "reference"  # a name of jfa.backends.BACKENDS
+    deterministic: bool = False  # the backward gives the same bits run to run
+
+    # ---- derived (nothing below is stored)
+    @property
+    def batch(self) -> int:
+        return self.kv_offsets.shape[0] - 1
+
+    @property
+    def rows(self) -> int:
+        """Output rows: Tq, or B * Lq in broadcast mode."""
+        return self.batch * self.q.shape[0] if self.broadcast else self.q.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def heads_kv(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (GQA)."""
+        return self.q.shape[1] // self.k.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def self_attention(self) -> bool:
+        """One offsets tensor for both sides, as self-attention's callers pass it."""
+        return self.q_offsets is self.kv_offsets
+
+    def replace(self, **changes) -> "Problem":
+        return dataclasses.replace(self, **changes)
+
+    def flat(self) -> tuple:
+        """The fields' values in order: the op's arguments."""
+        return tuple(getattr(self, name) for name in FIELDS)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Problem))
+TYPES = typing.get_type_hints(Problem)  # real types (this module's annotations are strings): the op's schema
+DEFAULTS = tuple(f.default for f in dataclasses.fields(Problem) if f.default is not dataclasses.MISSING)
+IS_TENSOR = tuple(TYPES[name] in (Tensor, Optional[Tensor]) for name in FIELDS)
+
+
+def from_flat(args) -> Problem:
+    """A Problem from the op's arguments (trailing defaults may be left out, as a direct caller of the op may)."""
+    return Problem(*args)
+
+
+def filled(args) -> tuple:
+    """The op's arguments with the trailing defaults a caller left out filled in."""
+    missing = len(FIELDS) - len(args)
+    return tuple(args) + (DEFAULTS[len(DEFAULTS) - missing:] if missing else ())

@@ -1,0 +1,55 @@
+"""ptxas's resource report of a compiled kernel (registers, spills), read on any machine: the ptxas in Triton's
+wheel assembles the PTX for sm_90a. Both AOT modules (jfa.triton.aot, jfa.hopper.aot) report through it."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .problem import Problem
+
+
+@dataclass
+class Report:
+    kernel: str
+    head_dim: int
+    dtype: str
+    wgmma: int  # wgmma.mma_async instructions in the PTX
+    registers: int
+    spill_bytes: int  # spill stores + loads reported by ptxas
+    ptx: str
+
+
+def ptxas_report(ptx: str) -> tuple[int, int]:
+    """(registers, spill bytes) of a PTX module, from ptxas -v for sm_90a."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        res = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    log = res.stderr + res.stdout
+    regs = max(int(x) for x in re.findall(r"Used (\d+) registers", log))
+    spills = sum(int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log))
+    return regs, spills
+
+
+def report(name: str, head_dim: int, dtype: str, ptx: str) -> Report:
+    regs, spills = ptxas_report(ptx)
+    return Report(name, head_dim, dtype, len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+
+
+def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, group: int = 1, **fields) -> Problem:
+    """A Problem of meta tensors with these shapes: what a kernel's compile-time arguments are read from when it is
+    compiled ahead of time (no data, no GPU)."""
+    def meta(heads):
+        return torch.empty(128, heads, head_dim, dtype=dtype, device="meta")
+    offsets = torch.empty(3, dtype=torch.int32, device="meta")
+    return Problem(meta(group), meta(1), meta(1), offsets, offsets, 1.0, 1 << 30, 1 << 30, broadcast, **fields)

@@ -1,0 +1,153 @@
+"""Compile every default kernel form for sm_90 (no GPU needed) and compare two such dumps modulo numbering: the check
+that a refactor left the kernels as they were (docs/perf-notes.md; CONTRIBUTING.md).
+
+    TRITON_INTERPRET=0 python scripts/ptx_forms.py dump DIR [--only SUBSTRING]
+    python scripts/ptx_forms.py diff DIR_BEFORE DIR_AFTER
+
+`dump` writes one DIR/<form>.ptx per form: the Hopper kernels (jfa.hopper.aot.default_forms), the portable Triton
+kernels (jfa.triton.aot, each kernel x head dim x dtype) and the schedule's refresh kernel. `diff` renumbers
+registers and labels by first use, drops debug lines, and prints per form: same, or the first differing lines and
+the instruction counts of both (exit status 1 if any form differs or is missing).
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+
+
+def _hopper_forms():
+    from jfa.hopper.aot import default_forms
+    return {name: (lambda f=f: f().ptx) for name, f in default_forms().items()}
+
+
+def _triton_forms():
+    import torch
+
+    from jfa.triton.aot import KERNELS, compile_kernel
+    forms = {}
+    for dtype, t in ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32")):
+        for d in ((64, 128, 256) if t != "fp32" else (64, )):
+            for name in KERNELS:
+                forms[f"t{name}-{t}-d{d}"] = lambda n=name, d=d, dt=dtype: compile_kernel(n, d, dt).ptx
+            forms[f"tdq-{t}-d{d}-b1"] = lambda d=d, dt=dtype: compile_kernel("dq", d, dt, True).ptx
+    return forms
+
+
+def _schedule_forms():
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from jfa import schedule
+    fn = schedule.refresh_kernel
+    consts = dict(BLOCK_M=128, BLOCK_N=128, CLASSES=schedule.CLASSES, WINDOW_ROUNDS=schedule.WINDOW_ROUNDS,
+                  ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK)
+
+    def compile_refresh(offsets):
+        sig = {a: "constexpr" if a in consts else offsets if a.endswith("offsets") else "*i64" if a == "seen"
+               else "*i32" if a in ("scratch", "tiles", "tile_cost", "order", "sm_start") else "i32"
+               for a in fn.arg_names}
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=schedule.REFRESH_BLOCK // 256)).asm["ptx"]
+    return {f"refresh-{o[1:]}": (lambda o=o: compile_refresh(o)) for o in ("*i32", "*i64")}
+
+
+def dump(out_dir, only=None):
+    os.makedirs(out_dir, exist_ok=True)
+    forms = {**_hopper_forms(), **_triton_forms(), **_schedule_forms()}
+    failed = 0
+    for name, compile_ptx in forms.items():
+        if only and only not in name:
+            continue
+        try:
+            ptx = compile_ptx()
+        except Exception as e:  # report and go on: the other forms still tell
+            print(f"{name}: FAILED to compile: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}",
+                  flush=True)
+            failed += 1
+            continue
+        with open(os.path.join(out_dir, name + ".ptx"), "w") as f:
+            f.write(ptx)
+        print(name, flush=True)
+    return failed
+
+
+_TOKEN = re.compile(r"%[a-z]+\d+|\$L__[A-Za-z_]+\d+|__unnamed_\d+")
+
+
+def normalize(ptx: str, erase: bool = False) -> list[str]:
+    """PTX code lines without debug info and comments, registers and labels renumbered by first use (erase: with
+    no numbers at all, so that one inserted instruction does not renumber the rest)."""
+    names: dict = {}
+    counts: collections.Counter = collections.Counter()
+    lines = []
+    for line in ptx.split("\t.section\t.debug")[0].splitlines():
+        line = line.split("//")[0].strip()
+        if not line or line.startswith((".loc", ".file")) or re.fullmatch(r"\$L__tmp\d+:", line):
+            continue
+
+        def rename(m):
+            tok = m.group(0)
+            kind = re.sub(r"\d+$", "", tok)
+            if erase:
+                return kind
+            if tok not in names:
+                counts[kind] += 1
+                names[tok] = f"{kind}#{counts[kind]}"
+            return names[tok]
+        line = re.sub(r"(\.reg \S+\s+%\w+)<\d+>", r"\1<N>", line) if erase else line
+        lines.append(_TOKEN.sub(rename, line))
+    return lines
+
+
+def _instructions(lines):
+    return collections.Counter(line.split()[0] for line in lines if not line.startswith((".", "}", "{", "#")))
+
+
+def diff(before, after) -> int:
+    status = 0
+    names = sorted(set(os.listdir(before)) | set(os.listdir(after)))
+    for name in names:
+        a_path, b_path = os.path.join(before, name), os.path.join(after, name)
+        if not (os.path.exists(a_path) and os.path.exists(b_path)):
+            print(f"{name}: only in {'before' if os.path.exists(a_path) else 'after'}")
+            status = 1
+            continue
+        a_ptx, b_ptx = open(a_path).read(), open(b_path).read()
+        a, b = normalize(a_ptx), normalize(b_ptx)
+        if a == b:
+            print(f"{name}: same ({len(a)} lines)")
+            continue
+        status = 1
+        a, b = normalize(a_ptx, erase=True), normalize(b_ptx, erase=True)
+        if a == b:
+            print(f"{name}: the same instructions in the same order, other register numbering ({len(a)} lines)")
+            continue
+        first = next(i for i, (x, y) in enumerate(zip(a + [""], b + [""])) if x != y)
+        ia, ib = _instructions(a), _instructions(b)
+        moved = {k: (ia[k], ib[k]) for k in set(ia) | set(ib) if ia[k] != ib[k]}
+        print(f"{name}: DIFFERS from line {first} ({len(a)} vs {len(b)} lines); instruction counts that differ: "
+              f"{moved or 'none (the same instructions in another order or with other operands)'}")
+        print(f"    before: {a[first] if first < len(a) else '<end>'}\n    after:  {b[first] if first < len(b) else '<end>'}")
+    return status
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump")
+    d.add_argument("dir")
+    d.add_argument("--only", help="only the forms whose name holds this")
+    c = sub.add_parser("diff")
+    c.add_argument("before")
+    c.add_argument("after")
+    args = p.parse_args(argv)
+    if args.cmd == "dump":
+        return 1 if dump(args.dir, args.only) else 0
+    return diff(args.before, args.after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
