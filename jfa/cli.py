@@ -17,6 +17,7 @@ import torch
 import jfa
 from jfa import bench
 from jfa.backends import BACKENDS, available_backends, select
+from jfa.testing import CPU_MODES as MODES  # the correctness matrix: the named modes on awkward lengths
 from jfa.testing import compare, make_case, run_backend
 
 
@@ -45,18 +46,6 @@ def info(_args) -> int:
             print(f"  {str(dtype).replace('torch.', ''):>8} D={d:<4} backends: {', '.join(names)}  "
                   f"(auto -> {select('auto', dev, d, dtype)})")
     return 0
-
-
-# The correctness matrix: named modes on awkward lengths (0, 1, 63, 65, 129).
-MODES = {
-    "self": dict(q_lens=[0, 1, 63, 65, 129]),
-    "causal": dict(q_lens=[1, 63, 65, 129], causal=True),
-    "window": dict(q_lens=[1, 65, 129], window=(17, 5)),
-    "cross": dict(q_lens=[129, 1, 63], kv_lens=[65, 63, 0], causal=True),
-    "gqa": dict(q_lens=[63, 129], hq=4, hkv=2),
-    "broadcast": dict(q_lens=None, kv_lens=[0, 1, 65, 129], broadcast_lq=33),
-    "broadcast-causal": dict(q_lens=None, kv_lens=[1, 65, 129], broadcast_lq=64, causal=True),
-}
 
 
 def check(args) -> int:

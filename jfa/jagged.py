@@ -38,16 +38,24 @@ def lengths(offsets: torch.Tensor) -> torch.Tensor:
     return offsets[1:] - offsets[:-1]
 
 
+def pair_mask(i, j, q_len, kv_len, left: int, right: int) -> torch.Tensor:
+    """The visibility rule on broadcastable tensors: whether key j of a sequence with kv_len keys is visible to its
+    query i of q_len (lengths: ints, or tensors broadcast with i and j, e.g. [B, 1, 1] for a padded batch); a
+    bound of -1 (or UNBOUNDED) is no bound. Rows and keys past the lengths are not visible."""
+    i_shifted = i + (kv_len - q_len)
+    mask = (i < q_len) & (j < kv_len)
+    if 0 <= left < UNBOUNDED:
+        mask = mask & (j >= i_shifted - left)
+    if 0 <= right < UNBOUNDED:
+        mask = mask & (j <= i_shifted + right)
+    return mask
+
+
 def visible_mask(q_len: int, kv_len: int, left: int, right: int, device=None) -> torch.Tensor:
     """Boolean ``[q_len, kv_len]``: which keys each query of one sequence sees."""
-    i = torch.arange(q_len, device=device).unsqueeze(1) + (kv_len - q_len)
+    i = torch.arange(q_len, device=device).unsqueeze(1)
     j = torch.arange(kv_len, device=device).unsqueeze(0)
-    mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
-    if left >= 0:
-        mask &= j >= i - left
-    if right >= 0:
-        mask &= j <= i + right
-    return mask
+    return pair_mask(i, j, q_len, kv_len, left, right)
 
 
 def visible_counts_per_row(q_lens: torch.Tensor, kv_lens: torch.Tensor, left: int, right: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ a real training loop and to compare it end to end with other attention kernels.
         -> jfa.nn.PMAPooling (learned seed queries attend each history: broadcast attention)
         -> MLP head -> one click logit per user [B]
 
-``impl`` swaps the attention kernel inside the same layers (jfa.nn's ``attention`` argument):
+``impl`` swaps the attention kernel inside the same layers (jfa.nn's ``attention`` argument; jfa.peers.KERNELS):
   "jfa"     jfa.jagged_attention / jfa.broadcast_attention (``backend`` picks jfa's backend, "auto" by default)
   "fa2"     torch.nn.attention.varlen.varlen_attn (CUDA only); broadcast by expanding q to B copies
   "fa4"     flash_attn.cute.flash_attn_varlen_func (flash-attn-4, CUDA only, when installed); the same
@@ -15,101 +15,14 @@ Also here: the synthetic click data (skewed lengths, as the benchmark suite), AU
 from __future__ import annotations
 
 import heapq
-import inspect
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .jagged import causal_window
-from .nested import from_padded, to_padded
 from .nn import JaggedSelfAttention, PMAPooling
+from .peers import KERNELS
 
-IMPLS = ("jfa", "fa2", "fa4", "padded")
-
-
-# ----------------------------------------------------------------------------------------------- attention
-# Other kernels behind jfa's signatures (jfa.jagged_attention, jfa.broadcast_attention), for jfa.nn's layers.
-def _max_len(offsets, max_len):
-    return int((offsets[1:] - offsets[:-1]).max()) if max_len is None else max_len
-
-
-def _broadcast_rows(q, kv_offsets):
-    """Broadcast q as these libraries' users run it: q repeated per sequence, [B * Lq, H, D], and its offsets."""
-    batch, lq = kv_offsets.numel() - 1, q.shape[0]
-    rows = q.unsqueeze(0).expand(batch, -1, -1, -1).reshape(batch * lq, q.shape[1], q.shape[2])
-    return rows, torch.arange(batch + 1, device=q.device, dtype=torch.int32) * lq
-
-
-def fa2_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                  window=(-1, -1), scale=None):
-    """torch's varlen_attn (FA2); GQA through enable_gqa where torch has it, else k/v repeated per q head."""
-    from torch.nn.attention.varlen import varlen_attn
-    kv_offsets = q_offsets if kv_offsets is None else kv_offsets
-    kw = {"window_size": causal_window(causal, window), "scale": scale}
-    if q.shape[1] != k.shape[1]:
-        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
-            kw["enable_gqa"] = True
-        else:
-            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    return varlen_attn(q, k, v, q_offsets.to(torch.int32), kv_offsets.to(torch.int32), _max_len(q_offsets, max_q_len),
-                       _max_len(kv_offsets, max_kv_len), **kw)
-
-
-def fa4_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                  window=(-1, -1), scale=None):
-    """flash-attn-4's varlen function (its sm90 path on Hopper)."""
-    from flash_attn.cute import flash_attn_varlen_func
-    kv_offsets = q_offsets if kv_offsets is None else kv_offsets
-    left, right = causal_window(causal, window)
-    is_causal = (left, right) == (-1, 0)
-    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=q_offsets.to(torch.int32),
-                                 cu_seqlens_k=kv_offsets.to(torch.int32), max_seqlen_q=_max_len(q_offsets, max_q_len),
-                                 max_seqlen_k=_max_len(kv_offsets, max_kv_len), softmax_scale=scale, causal=is_causal,
-                                 window_size=(None, None) if is_causal else
-                                 (None if left < 0 else left, None if right < 0 else right))
-    return out[0] if isinstance(out, tuple) else out
-
-
-def padded_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                     window=(-1, -1), scale=None):
-    """Pad to [B, H, L, D] and run F.scaled_dot_product_attention with a boolean mask (bottom-right aligned).
-    A row that sees no key sees key 0 instead (SDPA would give NaN); jfa gives 0 there."""
-    kv_offsets = q_offsets if kv_offsets is None else kv_offsets
-    left, right = causal_window(causal, window)
-    lq, lk = _max_len(q_offsets, max_q_len), _max_len(kv_offsets, max_kv_len)
-    qp, q_lens = to_padded(q, q_offsets, lq)
-    kp, kv_lens = to_padded(k, kv_offsets, lk)
-    vp, _ = to_padded(v, kv_offsets, lk)
-    i = torch.arange(lq, device=q.device).view(1, lq, 1) + (kv_lens - q_lens).view(-1, 1, 1)
-    j = torch.arange(lk, device=q.device).view(1, 1, lk)
-    mask = j < kv_lens.view(-1, 1, 1)
-    if left >= 0:
-        mask = mask & (j >= i - left)
-    if right >= 0:
-        mask = mask & (j <= i + right)
-    mask = mask | (~mask.any(-1, keepdim=True) & (j == 0))
-    out = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2),
-                                         attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return from_padded(out.transpose(1, 2), q_lens)[0]
-
-
-def _broadcast(attention):
-    """jfa.broadcast_attention's signature over a jagged kernel: q repeated per sequence (timed with it)."""
-    def broadcast(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None):
-        rows, q_offsets = _broadcast_rows(q, kv_offsets)
-        out = attention(rows, k, v, q_offsets, kv_offsets, max_q_len=q.shape[0], max_kv_len=max_kv_len,
-                        causal=causal, window=window, scale=scale)
-        return out.view(kv_offsets.numel() - 1, q.shape[0], q.shape[1], q.shape[2])
-    return broadcast
-
-
-KERNELS = {  # impl -> (jagged attention, broadcast attention) for jfa.nn's `attention`; None: jfa's own
-    "jfa": (None, None),
-    "fa2": (fa2_attention, _broadcast(fa2_attention)),
-    "fa4": (fa4_attention, _broadcast(fa4_attention)),
-    "padded": (padded_attention, _broadcast(padded_attention)),
-}
+IMPLS = tuple(KERNELS)
 
 
 # -------------------------------------------------------------------------------------------------- model

@@ -64,7 +64,7 @@ WINDOW_ROUNDS = 2  # rounds of the deal per window
 CLASSES = 32  # cost classes inside a window
 ROTATE = 37  # CTAs the deal turns by from one window to the next (complete rounds only)
 # tiles per step of the one-CTA refresh, 8 per thread of 16 warps: its sequential passes are latency-bound steps
-# (1024 on 4 warps: a rebuild took 0.23-0.49 ms on the suite, 4096 on 16: 0.12-0.23; H200, session 9)
+# (1024 on 4 warps: a rebuild took 0.23-0.49 ms on the suite, 4096 on 16: 0.12-0.23 on the H200)
 REFRESH_BLOCK = 4096
 
 

@@ -21,20 +21,28 @@ from . import reference
 from .jagged import lengths, resolve_window
 
 
-# The GPU tests' named modes: awkward lengths (0, 1, 2, the edges of 64- and 128-row blocks) up to a few thousand
-# rows, mixed in one batch.
-GPU_LENS = [0, 1, 2, 63, 64, 65, 127, 128, 129, 511, 1000, 2047]
-GPU_MODES = {
-    "self": dict(q_lens=GPU_LENS),
-    "causal": dict(q_lens=GPU_LENS, causal=True),
-    "window": dict(q_lens=GPU_LENS, window=(256, 256)),
-    "causal-window": dict(q_lens=GPU_LENS, causal=True, window=(100, -1)),
-    "cross": dict(q_lens=GPU_LENS, kv_lens=GPU_LENS[::-1], causal=True),
-    "gqa": dict(q_lens=GPU_LENS, hq=8, hkv=2),
-    "broadcast": dict(q_lens=None, kv_lens=GPU_LENS, broadcast_lq=256),
-    "broadcast-causal-gqa": dict(q_lens=None, kv_lens=GPU_LENS, broadcast_lq=64, causal=True, hq=8, hkv=4),
-    "empty-kv": dict(q_lens=[5, 7], kv_lens=[0, 0]),
-}
+def modes(lens, window, causal_left, lq):
+    """The named modes every backend is tested in (make_case's arguments), on these lengths mixed in one batch:
+    windows of `window` (both sides) and `causal_left` (causal), broadcast q of `lq` rows and of a quarter of them."""
+    return {
+        "self": dict(q_lens=lens),
+        "causal": dict(q_lens=lens, causal=True),
+        "window": dict(q_lens=lens, window=(window, window)),
+        "causal-window": dict(q_lens=lens, causal=True, window=(causal_left, -1)),
+        "cross": dict(q_lens=lens, kv_lens=lens[::-1], causal=True),
+        "gqa": dict(q_lens=lens, hq=8, hkv=2),
+        "broadcast": dict(q_lens=None, kv_lens=lens, broadcast_lq=lq),
+        "broadcast-causal-gqa": dict(q_lens=None, kv_lens=lens, broadcast_lq=lq // 4, causal=True, hq=8, hkv=4),
+        "empty-kv": dict(q_lens=[5, 7], kv_lens=[0, 0]),
+    }
+
+
+# Awkward lengths: 0, 1, 2 and the edges of 64- and 128-row blocks (the CPU's tests and `jfa check`), and up to a few
+# thousand rows on the GPU.
+AWKWARD_LENS = [0, 1, 2, 63, 64, 65, 127, 128, 129]
+GPU_LENS = AWKWARD_LENS + [511, 1000, 2047]
+CPU_MODES = modes(AWKWARD_LENS, 17, 20, 40)
+GPU_MODES = modes(GPU_LENS, 256, 100, 256)
 
 
 @dataclass

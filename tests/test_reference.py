@@ -6,11 +6,10 @@ import torch.nn.functional as F
 
 from jfa import reference
 from jfa.jagged import visible_mask
-from jfa.testing import make_case, reference_results
+from jfa.testing import CPU_MODES, make_case, reference_results
 
-CASES = {
-    "self-awkward": dict(q_lens=[0, 1, 63, 64, 65, 127, 129]),
-    "causal": dict(q_lens=[1, 63, 65, 129], causal=True),
+CASES = {  # every mode, then more corners of the mask
+    **CPU_MODES,
     "window-16-3": dict(q_lens=[5, 63, 129], window=(16, 3)),
     "cross-lq>lk-causal": dict(q_lens=[65, 40], kv_lens=[17, 3], causal=True),
     "cross-lq<lk-window": dict(q_lens=[17, 3], kv_lens=[65, 40], window=(8, 0)),
@@ -44,7 +43,8 @@ def sdpa_per_sequence(case):
 def test_reference_matches_padded_sdpa(name):
     case = make_case(**CASES[name], dtype=torch.float64)
     out, lse = reference.attention(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, scale=case.scale,
-                                   left=case.left, right=case.right, compute_dtype=torch.float64)
+                                   left=case.left, right=case.right, broadcast=case.broadcast,
+                                   compute_dtype=torch.float64)
     torch.testing.assert_close(out, sdpa_per_sequence(case), atol=1e-12, rtol=1e-10)
     assert not torch.isnan(lse).any()
 

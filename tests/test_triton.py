@@ -7,15 +7,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jfa
-from jfa.testing import compare, make_case, run_backend
+from jfa.testing import CPU_MODES, compare, make_case, run_backend
 
 pytestmark = pytest.mark.interpreter
 
-AWKWARD = [0, 1, 63, 64, 65, 127, 129]
-
-CASES = {
-    "self-awkward": dict(q_lens=AWKWARD),
-    "self-causal": dict(q_lens=AWKWARD, causal=True),
+CASES = {  # every mode, then the corners of the mask and the batch
+    **CPU_MODES,
     "self-window-left16": dict(q_lens=[1, 65, 129], window=(16, -1)),
     "self-window-right5": dict(q_lens=[63, 129], window=(-1, 5)),
     "self-window-7-7": dict(q_lens=[1, 64, 129], window=(7, 7)),

@@ -23,6 +23,7 @@ import time
 import torch
 
 import jfa
+from jfa import peers
 from jfa.backends import BACKENDS, available_backends
 
 from .suite import Inputs
@@ -35,10 +36,7 @@ def _sync(device):
 
 def _expand_q(inp: Inputs):
     """Broadcast mode, as a peer's user does it: the dense q repeated per sequence, [B*Lq, Hq, D]."""
-    q = inp.q
-    if not inp.workload.broadcast:
-        return q
-    return q.unsqueeze(0).expand(inp.batch, *q.shape).reshape(inp.batch * q.shape[0], *q.shape[1:])
+    return peers.broadcast_rows(inp.q, inp.kv_offsets)[0] if inp.workload.broadcast else inp.q
 
 
 def _peer_checks(inp: Inputs, need_cuda=True):
@@ -137,24 +135,15 @@ class TorchVarlen(Provider):
         return _peer_checks(inp)
 
     def build(self, inp):
-        from torch.nn.attention.varlen import varlen_attn
-        params = inspect.signature(varlen_attn).parameters
         w = inp.workload
         group = w.heads_q // w.heads_kv
-        kwargs = {"scale": inp.scale}
-        if inp.window != (-1, -1):
-            kwargs["window_size"] = tuple(inp.window)
-        native_gqa = group > 1 and "enable_gqa" in params
-        if native_gqa:
-            kwargs["enable_gqa"] = True
-        cu_q, cu_k, max_q, max_k = inp.q_offsets, inp.kv_offsets, inp.max_q, inp.max_kv
 
         def fn():
-            k, v = inp.k, inp.v
-            if group > 1 and not native_gqa:
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            return varlen_attn(_expand_q(inp), k, v, cu_q, cu_k, max_q, max_k, **kwargs)
-        note = ("GQA: enable_gqa=True" if native_gqa else "GQA: k, v repeated per q head") if group > 1 else ""
+            return peers.fa2_attention(_expand_q(inp), inp.k, inp.v, inp.q_offsets, inp.kv_offsets,
+                                       max_q_len=inp.max_q, max_kv_len=inp.max_kv, window=inp.window,
+                                       scale=inp.scale)
+        native = "enable_gqa" in peers.varlen_params()
+        note = ("GQA: enable_gqa=True" if native else "GQA: k, v repeated per q head") if group > 1 else ""
         return fn, ({"note": note} if note else {})
 
 
@@ -170,17 +159,10 @@ class FA4(Provider):
         return _peer_checks(inp)
 
     def build(self, inp):
-        from flash_attn.cute import flash_attn_varlen_func
-        left, right = inp.window
-        causal = (left, right) == (-1, 0)
-        window = (None, None) if causal else (None if left < 0 else left, None if right < 0 else right)
-
         def fn():
-            out = flash_attn_varlen_func(_expand_q(inp), inp.k, inp.v, cu_seqlens_q=inp.q_offsets,
-                                         cu_seqlens_k=inp.kv_offsets, max_seqlen_q=inp.max_q,
-                                         max_seqlen_k=inp.max_kv, softmax_scale=inp.scale, causal=causal,
-                                         window_size=window)
-            return out[0] if isinstance(out, tuple) else out
+            return peers.fa4_attention(_expand_q(inp), inp.k, inp.v, inp.q_offsets, inp.kv_offsets,
+                                       max_q_len=inp.max_q, max_kv_len=inp.max_kv, window=inp.window,
+                                       scale=inp.scale)
         return fn, {}
 
 
@@ -288,40 +270,13 @@ class SdpaPadded(Provider):
         return None
 
     def build(self, inp):
-        w, device = inp.workload, inp.q.device
-        b, lq, lk = inp.batch, inp.max_q, inp.max_kv
-        left, right = inp.window
-        q_lens, kv_lens = inp.q_lens.to(device), inp.kv_lens.to(device)
-        doc_q, pos_q = _doc_positions(inp.q_lens, device)
-        doc_k, pos_k = _doc_positions(inp.kv_lens, device)
-        slot_q = (doc_q.long() * lq + pos_q)  # packed row -> row of the padded [B*Lq] layout
-        slot_k = (doc_k.long() * lk + pos_k)
-        i = torch.arange(lq, device=device).view(1, lq, 1) + (kv_lens - q_lens).view(b, 1, 1)
-        j = torch.arange(lk, device=device).view(1, 1, lk)
-        key_ok = j < kv_lens.view(b, 1, 1)
-        mask = key_ok.expand(b, lq, lk).clone()
-        if left >= 0:
-            mask &= j >= i - left
-        if right >= 0:
-            mask &= j <= i + right
-        pad_row = torch.arange(lq, device=device).view(1, lq, 1) >= q_lens.view(b, 1, 1)
-        mask = torch.where(pad_row, key_ok, mask).unsqueeze(1)  # padded query rows see the keys: no NaN
-        gqa = w.heads_q != w.heads_kv
-
-        def pad(x, slots, length):
-            flat = x.new_zeros(b * length, *x.shape[1:]).index_copy(0, slots, x)
-            return flat.view(b, length, *x.shape[1:]).transpose(1, 2)  # [B, H, L, D]
+        """The mask is made once per batch (jfa.peers.PaddedSDPA: as a model's layers would share it); padding q,
+        k, v is timed."""
+        padded = peers.PaddedSDPA(inp.q_offsets, inp.kv_offsets, max_q_len=inp.max_q, max_kv_len=inp.max_kv,
+                                  window=inp.window)
 
         def fn():
-            if w.broadcast:
-                q = inp.q.unsqueeze(0).expand(b, *inp.q.shape).transpose(1, 2)
-            else:
-                q = pad(inp.q, slot_q, lq)
-            k, v = pad(inp.k, slot_k, lk), pad(inp.v, slot_k, lk)
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=inp.scale,
-                                                                   enable_gqa=gqa)
-            out = out.transpose(1, 2).reshape(b * lq, w.heads_q, w.head_dim)
-            return out if w.broadcast else out.index_select(0, slot_q)
+            return padded(_expand_q(inp), inp.k, inp.v, inp.scale)
         return fn, {}
 
 

@@ -25,8 +25,7 @@ SHORT_KV = 768
 SHORT_TILE_KV = 128
 # up to this many query rows per sequence the one pass at D=128 takes (Q, dO) blocks of 32 rows (64-row blocks
 # were half empty on targets-32), dQ computed transposed (K^T dS^T: wgmma's M is then the head dim), and the room
-# this frees holds a second K/V set. targets-32 backward 2.253 / 2.254 -> 1.629 / 1.627 ms; 3 ring stages (1.678)
-# and two float32 dQ chunks in flight (1.751) lost
+# this frees holds a second K/V set. targets-32 backward 2.253 / 2.254 -> 1.629 / 1.627 ms
 SHORT_Q = 32
 # ring stages of the direct route at D=128 (32-row blocks, two K/V sets, 209 KiB): short-128 backward 2.579 /
 # 2.567 -> 2.312 / 2.315 ms with 2 stages, 2.294 / 2.300 with 3
@@ -114,8 +113,7 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
     and still beat 32-row blocks by 8-17%. Posted items wherever the K/V sets are two, and in the pass without dQ:
     ncu put 15-20% of targets-32's consumer stall samples on WorkList.item's dependent loads (targets-32 backward
     1.638 -> 1.390 ms, short-128 2.139 -> 1.932, pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the
-    schedule (posting there spilled 2,048 B). Lost: dQ by float32 atomics (0.71-0.95x), K/V in two sets at D=128
-    beside 64-row blocks (0.98-1.01x)."""
+    schedule (posting there spilled 2,048 B)."""
     if dq == DqRoute.REDUCE and head_dim > 64 and mean_q_len <= SHORT_Q:
         return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS, posted_items=True)
     if dq == DqRoute.DIRECT and head_dim > 64:
