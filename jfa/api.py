@@ -5,6 +5,7 @@ Layout: q ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, packed back to back; offsets ``
 Visibility: key j of a sequence is visible to its query i when ``i' - left <= j <= i' + right`` with
 ``i' = i + (Lk - Lq)`` (bottom-right alignment); -1 = unbounded; causal means right = 0 and combines with
 window. A query row that sees no key outputs 0 with lse -inf, and no NaN anywhere (gradients included).
+Score: softmax, or an activation f in its place (``out_i = out_scale_i * sum_j f(scale * q_i . k_j) v_j``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from .problem import Problem
 
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                     window=(-1, -1), scale=None, return_lse=False, backend="auto", deterministic=False):
+                     window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, return_lse=False,
+                     backend="auto", deterministic=False):
     """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
 
     Args:
@@ -32,35 +34,42 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             longest sequence gives wrong gradients). Checked against the offsets otherwise. The hopper backward
             skips its dQ pass when max_kv_len says every sequence's dQ is done in the dK/dV pass (<= 128 keys).
         causal, window: the mask (see module doc). scale: defaults to ``1/sqrt(D)``.
-        return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]``.
+        activation: "softmax", or an activation taking its place: "silu", "gelu" (erf), "gelu_tanh", "relu",
+            "relu2" (relu squared), "sigmoid", "identity": ``out_i = out_scale_i * sum over the keys j visible to
+            query i of f(scale * q_i . k_j) v_j`` (GDPA; HSTU's attention is silu with out_scale 1 / N).
+        out_scale: with an activation, a float or a float32 tensor ``[Tq]`` on q's device (one factor per output
+            row), a constant (no gradient).
+        return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]`` (softmax only).
         backend: "auto", "reference", "triton" or "hopper".
-        deterministic: the backward must give the same bits run to run (every backward of jfa does today: no
-            atomics; a faster backward that adds with atomics would be skipped when this is set).
+        deterministic: the backward gives the same bits run to run (the hopper backend's default backward adds
+            dQ with TMA reduce-adds in a varying order; this takes two passes with no atomics instead).
     Returns:
         out ``[Tq, Hq, D]`` in q's dtype, or ``(out, lse)``.
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
     """
+    options = dict(causal=causal, window=window, scale=scale, activation=activation, out_scale=out_scale,
+                   backend=backend, deterministic=deterministic)
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
         result = jagged_attention(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len,
-                                  causal=causal, window=window, scale=scale, return_lse=return_lse,
-                                  backend=backend, deterministic=deterministic)
+                                  return_lse=return_lse, **options)
         out = nested.to_njt(result[0] if return_lse else result, q_offsets, max_len=max_q_len)
         return (out, result[1]) if return_lse else out
-    p = problem(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len, causal=causal,
-                window=window, scale=scale, backend=backend, deterministic=deterministic)
+    p = problem(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len, **options)
+    checks.check_return_lse(return_lse, p.activation)
     out, lse = attend(p)
     return (out, lse) if return_lse else out
 
 
 def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_len=None, max_kv_len=None,
-            causal=False, window=(-1, -1), scale=None, backend="auto", deterministic=False) -> Problem:
+            **options) -> Problem:
     """The jfa.problem.Problem that jagged_attention (or with broadcast=True, broadcast_attention, whose kv
-    offsets are then the fourth argument) solves for these arguments, validated: what the benchmarks and tests
-    hand to a backend directly."""
+    offsets are then the fourth argument) solves for these arguments (options: causal, window, scale,
+    activation, out_scale, backend, deterministic, as there), validated: what the benchmarks and tests hand to a
+    backend directly."""
     if broadcast:
-        return _broadcast_problem(q, k, v, q_offsets, max_kv_len, causal, window, scale, backend, deterministic)
+        return _broadcast_problem(q, k, v, q_offsets, max_kv_len, options)
     q, k, v = checks.check_qkv(q, k, v)
     self_attention = kv_offsets is None
     kv_offsets = q_offsets if self_attention else kv_offsets
@@ -81,37 +90,38 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
         else:
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
             checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
-    return _finish(q, k, v, q_offsets, kv_offsets, False, max_q_len, max_kv_len, causal, window, scale, backend,
-                   deterministic)
+    return _finish(q, k, v, q_offsets, kv_offsets, False, max_q_len, max_kv_len, **options)
 
 
 def broadcast_attention(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None,
-                        return_lse=False, backend="auto", deterministic=False):
+                        activation="softmax", out_scale=1.0, return_lse=False, backend="auto", deterministic=False):
     """One dense query block attended by every kv sequence of a jagged batch (PMA pooling).
 
     Args:
         q: ``[Lq, Hq, D]`` shared by all B sequences; k, v: ``[Tk, Hkv, D]`` packed; kv_offsets ``[B+1]``.
-        The rest as jagged_attention (the mask aligns q's Lq rows bottom-right in each sequence).
+        The rest as jagged_attention (the mask aligns q's Lq rows bottom-right in each sequence; a per-row
+        out_scale has ``B*Lq`` values, in the order of ``out.reshape(B*Lq, Hq, D)``).
     Returns:
         out ``[B, Lq, Hq, D]``, or ``(out, lse)`` with lse ``[Hq, B*Lq]`` (rows in the order of
         ``out.reshape(B*Lq, Hq, D)``). The gradient of q is the sum over the batch (accumulated in float32).
     """
     p = problem(q, k, v, kv_offsets, broadcast=True, max_kv_len=max_kv_len, causal=causal, window=window,
-                scale=scale, backend=backend, deterministic=deterministic)
+                scale=scale, activation=activation, out_scale=out_scale, backend=backend,
+                deterministic=deterministic)
+    checks.check_return_lse(return_lse, p.activation)
     out, lse = attend(p)
     out = out.view(p.batch, p.q.shape[0], p.heads, p.head_dim)
     return (out, lse) if return_lse else out
 
 
-def _broadcast_problem(q, k, v, kv_offsets, max_kv_len, causal, window, scale, backend, deterministic):
+def _broadcast_problem(q, k, v, kv_offsets, max_kv_len, options):
     q, k, v = checks.check_qkv(q, k, v, dense_q=True)
     checks.check_offsets_meta("kv_offsets", kv_offsets, q.device)
     checks.check_max_len("max_kv_len", max_kv_len)
     if checks.offsets_values_checked([kv_offsets], max_kv_len is not None):
         checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
     q_offsets = _broadcast_row_offsets(kv_offsets.numel() - 1, q.shape[0], kv_offsets.dtype, q.device)
-    return _finish(q, k, v, q_offsets, kv_offsets, True, q.shape[0], max_kv_len, causal, window, scale, backend,
-                   deterministic)
+    return _finish(q, k, v, q_offsets, kv_offsets, True, q.shape[0], max_kv_len, **options)
 
 
 _ROW_OFFSETS: dict = {}
@@ -137,14 +147,18 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
     return offsets
 
 
-def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, causal, window, scale, backend,
-            deterministic) -> Problem:
+def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *, causal=False, window=(-1, -1),
+            scale=None, activation="softmax", out_scale=1.0, backend="auto", deterministic=False) -> Problem:
     """The checks every call shares, then the Problem."""
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
     scale = checks.check_scale(scale, q.shape[2])
+    checks.check_activation(activation)
+    rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
+    out_scale, row_scale = checks.check_out_scale(out_scale, activation, rows, q.device)
     backend = select(backend, q.device, q.shape[2], q.dtype)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast, max_q_len, max_kv_len, backend,
-                   deterministic)
+    return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,
+                   out_scale=out_scale, row_scale=row_scale, max_q_len=max_q_len, max_kv_len=max_kv_len,
+                   backend=backend, deterministic=deterministic)

@@ -22,12 +22,13 @@ from . import triton as triton_backend
 
 def _reference_forward(p):
     return reference.attention(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, scale=p.scale, left=p.left, right=p.right,
-                               broadcast=p.broadcast)
+                               broadcast=p.broadcast, activation=p.activation, out_scale=p.scales)
 
 
 def _reference_backward(p, out, lse, dout, dlse):
     return reference.attention_backward(dout, dlse, p.q, p.k, p.v, out, p.q_offsets, p.kv_offsets, scale=p.scale,
-                                        left=p.left, right=p.right, broadcast=p.broadcast)
+                                        left=p.left, right=p.right, broadcast=p.broadcast, activation=p.activation,
+                                        out_scale=p.scales)
 
 
 @dataclass(frozen=True)

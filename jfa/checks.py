@@ -77,6 +77,39 @@ def check_scale(scale, head_dim):
     return float(scale)
 
 
+def check_activation(activation):
+    from .variants import ACTIVATIONS
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; expected one of {list(ACTIVATIONS)}")
+
+
+def check_out_scale(out_scale, activation, rows, device):
+    """-> (out_scale as a float, the per-row tensor or None)."""
+    if isinstance(out_scale, torch.Tensor):
+        if activation == "softmax":
+            raise ValueError("out_scale scales an activation's output; softmax's rows are normalized (use "
+                             "activation=... or scale the output)")
+        if out_scale.dtype != torch.float32:
+            raise TypeError(f"a per-row out_scale must be float32, got {out_scale.dtype}")
+        if out_scale.shape != (rows, ):
+            raise ValueError(f"a per-row out_scale must have one value per output row: shape ({rows},), got "
+                             f"{tuple(out_scale.shape)}")
+        if out_scale.device != device:
+            raise ValueError(f"out_scale is on {out_scale.device} but q, k, v are on {device}")
+        return 1.0, out_scale.detach()
+    if isinstance(out_scale, bool) or not isinstance(out_scale, (int, float)) or not math.isfinite(out_scale):
+        raise TypeError(f"out_scale must be a finite float or a float32 tensor, got {out_scale!r}")
+    if activation == "softmax" and out_scale != 1.0:
+        raise ValueError("out_scale scales an activation's output; softmax's rows are normalized (use "
+                         "activation=... or scale the output)")
+    return float(out_scale), None
+
+
+def check_return_lse(return_lse, activation):
+    if return_lse and activation != "softmax":
+        raise ValueError(f"return_lse=True: an lse is softmax's; activation={activation!r} has none")
+
+
 def check_max_len(name, value):
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise TypeError(f"{name} must be a non-negative Python int or None, got {value!r}")

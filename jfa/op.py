@@ -42,7 +42,7 @@ def _forward_impl(*args) -> tuple[Tensor, Tensor]:
 def _forward_fake(*args):
     p = from_flat(args)
     q = p.q
-    return q.new_empty(p.rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], p.rows, dtype=torch.float32)
+    return q.new_empty(p.rows, q.shape[1], q.shape[2]), q.new_empty(q.shape[1], p.lse_rows, dtype=torch.float32)
 
 
 _GRADS = (("dout", Tensor), ("dlse", Optional[Tensor]), ("out", Tensor), ("lse", Tensor))

@@ -29,6 +29,9 @@ class Problem:
     left: int  # the window in jfa.jagged.resolve_window's form (an unbounded side is jfa.jagged.UNBOUNDED)
     right: int
     broadcast: bool = False  # one dense q block attended by every kv sequence
+    activation: str = "softmax"  # or one of jfa.variants.ACTIVATIONS: out_i = c_i sum_j f(scale q_i . k_j) v_j
+    out_scale: float = 1.0  # c_i with an activation: this, times row_scale[i] if given
+    row_scale: Optional[Tensor] = None  # [rows] float32, one factor per output row (with an activation)
     max_q_len: Optional[int] = None  # the caller's bounds on the lengths (or None): they never change a result,
     max_kv_len: Optional[int] = None  # and the hopper backward skips work by max_kv_len
     backend: str = "reference"  # a name of jfa.backends.BACKENDS
@@ -60,6 +63,20 @@ class Problem:
     @property
     def head_dim(self) -> int:
         return self.q.shape[2]
+
+    @property
+    def softmax(self) -> bool:
+        return self.activation == "softmax"
+
+    @property
+    def lse_rows(self) -> int:
+        """Columns of the returned lse [Hq, lse_rows]: the output rows with softmax, none with an activation."""
+        return self.rows if self.softmax else 0
+
+    @property
+    def scales(self):
+        """The rows' out scale c: a float, or a [rows] tensor (row_scale times out_scale)."""
+        return self.out_scale if self.row_scale is None else self.row_scale * self.out_scale
 
     @property
     def self_attention(self) -> bool:

@@ -58,6 +58,13 @@ class Case:
     right: int
     broadcast: bool
     scale: float
+    activation: str = "softmax"
+    out_scale: object = 1.0  # a float, or a float32 tensor [rows] (one factor per output row)
+
+    def options(self) -> dict:
+        """The public functions' mask and score arguments for this case."""
+        return dict(window=(self.left, self.right), scale=self.scale, activation=self.activation,
+                    out_scale=self.out_scale)
 
 
 def offsets_of(lengths, device="cpu", dtype=torch.int32):
@@ -68,9 +75,10 @@ def offsets_of(lengths, device="cpu", dtype=torch.int32):
 
 
 def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, device="cpu", causal=False,
-              window=(-1, -1), broadcast_lq=None, seed=0, offsets_dtype=torch.int32) -> Case:
+              window=(-1, -1), broadcast_lq=None, seed=0, offsets_dtype=torch.int32, activation="softmax",
+              out_scale=1.0) -> Case:
     """Random inputs. Self-attention when kv_lens is None; broadcast mode when broadcast_lq is an int
-    (then q_lens is ignored and kv_lens gives the B sequences)."""
+    (then q_lens is ignored and kv_lens gives the B sequences). out_scale="rows": a random factor per output row."""
     g = torch.Generator().manual_seed(seed)
     broadcast = broadcast_lq is not None
     self_attention = kv_lens is None and not broadcast
@@ -89,8 +97,11 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
     left, right = resolve_window(causal, window)
     # self-attention: one offsets tensor for both sides, as its callers pass it
     kv_offsets = q_offsets if self_attention else offsets_of(kv_lens, device, offsets_dtype)
-    return Case(rnd(rows_q, hq, d), rnd(rows_k, hkv, d), rnd(rows_k, hkv, d), q_offsets, kv_offsets,
-                rnd(rows_out, hq, d), left, right, broadcast, 1.0 / math.sqrt(d))
+    tensors = (rnd(rows_q, hq, d), rnd(rows_k, hkv, d), rnd(rows_k, hkv, d), q_offsets, kv_offsets,
+               rnd(rows_out, hq, d))
+    if isinstance(out_scale, str) and out_scale == "rows":
+        out_scale = (0.5 + torch.rand(rows_out, generator=g)).to(device)
+    return Case(*tensors, left, right, broadcast, 1.0 / math.sqrt(d), activation, out_scale)
 
 
 def reference_results(case: Case, compute_dtype=torch.float64):
@@ -101,7 +112,8 @@ def reference_results(case: Case, compute_dtype=torch.float64):
     (jfa.reference.attention_backward: Delta = rowsum(dO * O)), so that its error is the error this
     algorithm has at this dtype.
     """
-    kw = dict(scale=case.scale, left=case.left, right=case.right, broadcast=case.broadcast)
+    kw = dict(scale=case.scale, left=case.left, right=case.right, broadcast=case.broadcast,
+              activation=case.activation, out_scale=case.out_scale)
     if compute_dtype is None:
         dt = case.q.dtype
         out, lse = reference.attention(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, **kw,
@@ -116,19 +128,21 @@ def reference_results(case: Case, compute_dtype=torch.float64):
     return (out.detach(), lse.detach(), *grads)
 
 
+def _lengths_given(case: Case, max_lens: bool):
+    return [max(lengths(o.cpu()).tolist(), default=0) if max_lens else None for o in (case.q_offsets, case.kv_offsets)]
+
+
 def case_problem(case: Case, backend: str, deterministic: bool = False, max_lens: bool = False):
     """The jfa.problem.Problem of a case, as the public functions build it (max_lens: with the longest sequences'
     lengths as max_q_len / max_kv_len)."""
     from jfa.api import problem
-    longest = [max(lengths(o.cpu()).tolist(), default=0) if max_lens else None
-               for o in (case.q_offsets, case.kv_offsets)]
-    window = (case.left, case.right)
+    longest = _lengths_given(case, max_lens)
     if case.broadcast:
-        return problem(case.q, case.k, case.v, case.kv_offsets, broadcast=True, max_kv_len=longest[1], window=window,
-                       scale=case.scale, backend=backend, deterministic=deterministic)
+        return problem(case.q, case.k, case.v, case.kv_offsets, broadcast=True, max_kv_len=longest[1],
+                       backend=backend, deterministic=deterministic, **case.options())
     kv_offsets = None if case.kv_offsets is case.q_offsets else case.kv_offsets
     return problem(case.q, case.k, case.v, case.q_offsets, kv_offsets, max_q_len=longest[0], max_kv_len=longest[1],
-                   window=window, scale=case.scale, backend=backend, deterministic=deterministic)
+                   backend=backend, deterministic=deterministic, **case.options())
 
 
 def run_kernels(case: Case, forward, backward, backend: str, **problem_kw):
@@ -141,24 +155,22 @@ def run_kernels(case: Case, forward, backward, backend: str, **problem_kw):
 
 
 def run_backend(case: Case, backend: str, deterministic: bool = False, max_lens: bool = False):
-    """(out, lse, (dq, dk, dv)) of one case through the public API; grads None when the output is empty.
-    max_lens: pass the longest sequences' lengths as max_q_len / max_kv_len."""
+    """(out, lse, (dq, dk, dv)) of one case through the public API (lse None with an activation); grads None when
+    the output is empty. max_lens: pass the longest sequences' lengths as max_q_len / max_kv_len."""
     import jfa
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
-    window = (case.left, case.right)
-    longest = [max(lengths(o.cpu()).tolist(), default=0) if max_lens else None
-               for o in (case.q_offsets, case.kv_offsets)]
+    longest = _lengths_given(case, max_lens)
+    kw = dict(return_lse=case.activation == "softmax", backend=backend, deterministic=deterministic,
+              **case.options())
     if case.broadcast:
-        out, lse = jfa.broadcast_attention(q, k, v, case.kv_offsets, max_kv_len=longest[1], window=window,
-                                           scale=case.scale, return_lse=True, backend=backend,
-                                           deterministic=deterministic)
-        out = out.reshape(-1, q.shape[1], q.shape[2])
+        result = jfa.broadcast_attention(q, k, v, case.kv_offsets, max_kv_len=longest[1], **kw)
     else:
-        out, lse = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, max_q_len=longest[0],
-                                        max_kv_len=longest[1], window=window, scale=case.scale, return_lse=True,
-                                        backend=backend, deterministic=deterministic)
+        result = jfa.jagged_attention(q, k, v, case.q_offsets, case.kv_offsets, max_q_len=longest[0],
+                                      max_kv_len=longest[1], **kw)
+    out, lse = result if kw["return_lse"] else (result, None)
+    out = out.reshape(-1, q.shape[1], q.shape[2])
     grads = torch.autograd.grad(out, (q, k, v), case.dout) if out.numel() else None
-    return out.detach(), lse.detach(), grads
+    return out.detach(), None if lse is None else lse.detach(), grads
 
 
 def error_report(name: str, actual: torch.Tensor, truth: torch.Tensor, allowed: float) -> str | None:
@@ -198,6 +210,10 @@ def compare(case: Case, out, lse, grads=None, names=("out", "lse", "dq", "dk", "
     """Check a backend's (out, lse[, (dq, dk, dv)]) against the float64 truth; returns the failures."""
     truth = reference_results(case, torch.float64)
     lowp = reference_results(case, None)
+    if case.activation != "softmax":  # no lse: compare what there is
+        if lse is not None and lse.numel():
+            return [f"lse: an activation returns none, got shape {tuple(lse.shape)}"]
+        lse = truth[1]
     got = [out, lse] + (list(grads) if grads is not None else [])
     reduction = max(case.q.shape[0], case.k.shape[0], case.dout.shape[0]) * (case.q.shape[1] // case.k.shape[1])
     sizes = [None, None]
@@ -205,7 +221,8 @@ def compare(case: Case, out, lse, grads=None, names=("out", "lse", "dq", "dk", "
         sizes += list(reference.attention_backward(
             case.dout.double(), None, case.q.double(), case.k.double(), case.v.double(), truth[0].double(),
             case.q_offsets, case.kv_offsets, scale=case.scale, left=case.left, right=case.right,
-            broadcast=case.broadcast, compute_dtype=torch.float64, magnitudes=True))
+            broadcast=case.broadcast, compute_dtype=torch.float64, magnitudes=True, activation=case.activation,
+            out_scale=case.out_scale))
     failures = []
     for name, a, t, p, size in zip(names, got, truth, lowp, sizes + [None] * 3):
         dtype = torch.float32 if name == "lse" else case.q.dtype

@@ -5,16 +5,130 @@ tiles have (row statistics arrive already broadcast to the block's shape). With 
 visible, and which blocks an item walks) this is the seam a new attention variant changes (docs/hopper.md,
 "Adding an attention variant").
 
+The kernels take the score function as a constexpr ACT (its index in ACTIVATIONS; SOFTMAX = 0) and the scores'
+scale as s_scale (score_scale).
+
 Softmax, in base 2: s_scale = scale * log2(e) turns a score into a base-2 logit.
   forward   online_softmax per key block: p = exp2(s s_scale - m) with the running row max m, and alpha, the
             factor that rescales what was summed before; softmax_lse at the end
   backward  softmax_weights: P = exp2(s s_scale - lse2) from the saved lse2 = lse log2(e);
             softmax_dscores: dS = P (dP - Delta), Delta = rowsum(dO O) - dLSE (jfa.bwd_common)
+An activation f (GDPA, HSTU): s_scale = scale, x = s s_scale.
+  forward   P = f(x), no running max, no rescale, no lse; O = c P V at the end (c: the rows' out scale)
+  backward  P = f(x) into dV (dO times c), dS = f'(x) dP; no Delta (activation_with_grad: f and f' from one
+            tanh, kept in place of the scores; the masked pairs are zeroed in both).
+FAST: tanh by the MUFU's tanh.approx (the GPU; max relative error ~2^-11, the bf16/fp16 operands' rounding is
+larger), else exactly (Triton's interpreter, which runs no PTX). sigmoid(x) = 0.5 + 0.5 tanh(x / 2): one MUFU
+operation per score, as softmax's exp2.
 """
+import math
+
 import triton
 import triton.language as tl
 
 LN2 = tl.constexpr(0.6931471805599453)
+ACTIVATIONS = ("softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "sigmoid", "identity")
+SOFTMAX = tl.constexpr(0)
+SILU = tl.constexpr(1)
+GELU = tl.constexpr(2)
+GELU_TANH = tl.constexpr(3)
+RELU = tl.constexpr(4)
+RELU2 = tl.constexpr(5)
+SIGMOID = tl.constexpr(6)
+IDENTITY = tl.constexpr(7)
+_C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi), the tanh form of GELU
+_C1 = tl.constexpr(0.044715)
+_RSQRT2 = tl.constexpr(0.7071067811865476)
+_RSQRT2PI = tl.constexpr(0.3989422804014327)
+
+
+def act_code(activation: str) -> int:
+    return ACTIVATIONS.index(activation)
+
+
+def score_scale(scale: float, activation: str) -> float:
+    """What the kernels multiply a score q . k by: into base-2 logits for softmax, the plain scale otherwise."""
+    return scale * math.log2(math.e) if activation == "softmax" else scale
+
+
+@triton.jit
+def _tanh(x, FAST: tl.constexpr):
+    if FAST:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def activation(x, ACT: tl.constexpr, FAST: tl.constexpr):
+    """f(x), elementwise (float32)."""
+    if ACT == SILU:
+        h = 0.5 * x
+        return h + h * _tanh(h, FAST)
+    elif ACT == GELU:
+        return 0.5 * x * (1.0 + tl.erf(x * _RSQRT2))
+    elif ACT == GELU_TANH:
+        h = 0.5 * x
+        return h + h * _tanh(x * (_C0 + (_C0 * _C1) * x * x), FAST)
+    elif ACT == RELU:
+        return tl.maximum(x, 0.0)
+    elif ACT == RELU2:
+        r = tl.maximum(x, 0.0)
+        return r * r
+    elif ACT == SIGMOID:
+        return 0.5 + 0.5 * _tanh(0.5 * x, FAST)
+    else:
+        return x
+
+
+@triton.jit
+def activation_with_grad(x, ACT: tl.constexpr, FAST: tl.constexpr):
+    """(f(x), f'(x)), sharing what they share (one tanh, erf or max)."""
+    if ACT == SILU:
+        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
+        f = x * sig
+        return f, sig + f * (1.0 - sig)
+    elif ACT == GELU:
+        e = 0.5 + 0.5 * tl.erf(x * _RSQRT2)
+        return x * e, e + x * (_RSQRT2PI * tl.exp(-0.5 * x * x))
+    elif ACT == GELU_TANH:
+        e = 0.5 + 0.5 * _tanh(x * (_C0 + (_C0 * _C1) * x * x), FAST)
+        return x * e, e + 2.0 * x * e * (1.0 - e) * (_C0 + (3.0 * _C0 * _C1) * x * x)
+    elif ACT == RELU:
+        return tl.maximum(x, 0.0), tl.where(x > 0.0, 1.0, 0.0)
+    elif ACT == RELU2:
+        r = tl.maximum(x, 0.0)
+        return r * r, 2.0 * r
+    elif ACT == SIGMOID:
+        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
+        return sig, sig * (1.0 - sig)
+    else:
+        return x, 1.0 + 0.0 * x
+
+
+@triton.jit
+def activation_grad(x, ACT: tl.constexpr, FAST: tl.constexpr):
+    """f'(x), elementwise (float32)."""
+    if ACT == SILU:
+        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
+        return sig + x * sig * (1.0 - sig)
+    elif ACT == GELU:
+        return 0.5 * (1.0 + tl.erf(x * _RSQRT2)) + x * (_RSQRT2PI * tl.exp(-0.5 * x * x))
+    elif ACT == GELU_TANH:
+        t = _tanh(x * (_C0 + (_C0 * _C1) * x * x), FAST)
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_C0 + (3.0 * _C0 * _C1) * x * x)
+    elif ACT == RELU:
+        return tl.where(x > 0.0, 1.0, 0.0)
+    elif ACT == RELU2:
+        return 2.0 * tl.maximum(x, 0.0)
+    elif ACT == SIGMOID:
+        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
+        return sig * (1.0 - sig)
+    else:
+        return 1.0 + 0.0 * x
 
 
 @triton.jit

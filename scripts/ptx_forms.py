@@ -74,7 +74,7 @@ def dump(out_dir, only=None):
     return failed
 
 
-_TOKEN = re.compile(r"%[a-z]+\d+|\$L__[A-Za-z_]+\d+|__unnamed_\d+")
+_TOKEN = re.compile(r"%[a-z]+\d+|\$L__[A-Za-z_]+\d+|__unnamed_\d+|_param_\d+")
 
 
 def normalize(ptx: str, erase: bool = False) -> list[str]:
@@ -125,12 +125,18 @@ def diff(before, after) -> int:
         if a == b:
             print(f"{name}: the same instructions in the same order, other register numbering ({len(a)} lines)")
             continue
+        code_a, code_b = ([x for x in lines if not x.startswith(".param")] for lines in (a, b))
+        if code_a == code_b:
+            print(f"{name}: the same instructions; the kernel's parameter list differs (an argument it does not "
+                  f"read: {len(a) - len(code_a)} vs {len(b) - len(code_b)} parameters)")
+            continue
         first = next(i for i, (x, y) in enumerate(zip(a + [""], b + [""])) if x != y)
         ia, ib = _instructions(a), _instructions(b)
         moved = {k: (ia[k], ib[k]) for k in set(ia) | set(ib) if ia[k] != ib[k]}
         print(f"{name}: DIFFERS from line {first} ({len(a)} vs {len(b)} lines); instruction counts that differ: "
               f"{moved or 'none (the same instructions in another order or with other operands)'}")
-        print(f"    before: {a[first] if first < len(a) else '<end>'}\n    after:  {b[first] if first < len(b) else '<end>'}")
+        print(f"    before: {a[first] if first < len(a) else '<end>'}")
+        print(f"    after:  {b[first] if first < len(b) else '<end>'}")
     return status
 
 

@@ -137,6 +137,16 @@ def test_bad_input_raises_clear_error(name):
     (dict(max_q_len=4.0), TypeError, "max_q_len must be a non-negative"),
     (dict(backend="cuda"), ValueError, "unknown backend 'cuda'"),
     (dict(deterministic=None), TypeError, "deterministic must be a bool"),
+    (dict(activation="tanh"), ValueError, "unknown activation 'tanh'"),
+    (dict(activation=None), ValueError, "unknown activation None"),
+    (dict(activation="silu", return_lse=True), ValueError, "return_lse=True: an lse is softmax's"),
+    (dict(out_scale=0.5), ValueError, "out_scale scales an activation's output"),
+    (dict(activation="silu", out_scale="x"), TypeError, "out_scale must be a finite float or a float32 tensor"),
+    (dict(activation="silu", out_scale=float("nan")), TypeError, "out_scale must be a finite float"),
+    (dict(activation="silu", out_scale=torch.ones(3)), ValueError, r"one value per output row: shape \(10,\)"),
+    (dict(activation="silu", out_scale=torch.ones(10, dtype=torch.float64)), TypeError, "must be float32"),
+    (dict(activation="silu", out_scale=torch.ones(10, device="meta")), ValueError, "out_scale is on meta"),
+    (dict(out_scale=torch.ones(10)), ValueError, "out_scale scales an activation's output"),
 ])
 def test_bad_options(kwargs, exc, msg):
     q, k, v = qkv()
@@ -181,6 +191,10 @@ def test_unsupported_head_dim_names_the_backends_that_take_it():
 
 def test_broadcast_bad_inputs():
     q, k, v = qkv(tq=3)
+    with pytest.raises(ValueError, match=r"shape \(6,\)"):  # B * Lq rows
+        jfa.broadcast_attention(q, k, v, OFF, activation="gelu", out_scale=torch.ones(3))
+    with pytest.raises(ValueError, match="return_lse"):
+        jfa.broadcast_attention(q, k, v, OFF, activation="gelu", return_lse=True)
     with pytest.raises(ValueError, match="q must be 3-D"):
         jfa.broadcast_attention(q[None], k, v, OFF)
     with pytest.raises(ValueError, match="kv_offsets must end"):

@@ -10,24 +10,32 @@ from jfa.problem import Problem
 from jfa.testing import make_case
 
 
+def _problem(case, backend, q, k, v):
+    row_scale = case.out_scale if isinstance(case.out_scale, torch.Tensor) else None
+    out_scale = 1.0 if row_scale is not None else case.out_scale
+    return Problem(q, k, v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right, case.broadcast,
+                   activation=case.activation, out_scale=out_scale, row_scale=row_scale, backend=backend)
+
+
 def op_args(case, backend):
     """The op's arguments: a Problem's fields."""
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
-    return Problem(q, k, v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right, case.broadcast,
-                   backend=backend).flat()
+    return _problem(case, backend, q, k, v).flat()
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=pytest.mark.interpreter)])
-@pytest.mark.parametrize("mode", ["self-causal", "cross-window", "broadcast"])
+@pytest.mark.parametrize("mode", ["self-causal", "cross-window", "broadcast", "silu-rows", "gelu-broadcast"])
 def test_opcheck(backend, mode):
     kwargs = {"self-causal": dict(q_lens=[3, 0, 17], causal=True),
               "cross-window": dict(q_lens=[5, 9], kv_lens=[20, 0], window=(3, 2), hq=4, hkv=2),
-              "broadcast": dict(q_lens=None, kv_lens=[7, 0, 18], broadcast_lq=5)}[mode]
+              "broadcast": dict(q_lens=None, kv_lens=[7, 0, 18], broadcast_lq=5),
+              "silu-rows": dict(q_lens=[3, 0, 17], causal=True, activation="silu", out_scale="rows"),
+              "gelu-broadcast": dict(q_lens=None, kv_lens=[7, 0, 18], broadcast_lq=5, activation="gelu",
+                                     out_scale=0.5)}[mode]
     case = make_case(**kwargs)
     torch.library.opcheck(torch.ops.jfa.attention.default, op_args(case, backend))
     out, lse = torch.ops.jfa.attention(*op_args(case, backend))
-    problem = Problem(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, case.scale, case.left, case.right,
-                      case.broadcast, backend=backend)
+    problem = _problem(case, backend, case.q, case.k, case.v)
     bwd_args = (case.dout, None, out.detach(), lse.detach(), *problem.flat())
     torch.library.opcheck(torch.ops.jfa.attention_backward.default, bwd_args)
 
@@ -40,7 +48,9 @@ def test_compile_fullgraph_forward_backward(backend):
     def step(q, k, v, qb, offsets):
         out = jfa.jagged_attention(q, k, v, offsets, causal=True, backend=backend)
         pooled = jfa.broadcast_attention(qb, k, v, offsets, max_kv_len=17, backend=backend)  # the bound traced too
-        return (out.float().square().sum() + pooled.float().square().sum())
+        hstu = jfa.jagged_attention(q, k, v, offsets, causal=True, activation="silu", out_scale=1 / 17,
+                                    backend=backend)
+        return (out.float().square().sum() + pooled.float().square().sum() + hstu.float().square().sum())
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     grads = {}

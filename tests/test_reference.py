@@ -87,3 +87,56 @@ def test_rows_that_see_nothing_are_zero_with_minus_inf_lse_and_finite_grads():
     for g in (dq, dk, dv):
         assert torch.isfinite(g).all()
     assert torch.equal(dq[:4], torch.zeros_like(dq[:4]))
+
+
+ACTIVATION_FNS = {  # f written independently of jfa.reference (its formulas, not its code)
+    "silu": lambda x: x / (1 + torch.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1 + torch.erf(x / 2 ** 0.5)),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3))),
+    "relu": lambda x: torch.clamp(x, min=0),
+    "relu2": lambda x: torch.clamp(x, min=0) ** 2,
+    "sigmoid": lambda x: 1 / (1 + torch.exp(-x)),
+    "identity": lambda x: x,
+}
+
+
+@pytest.mark.parametrize("mode", ["causal", "window", "cross", "gqa", "broadcast", "empty-kv"])
+@pytest.mark.parametrize("activation", list(ACTIVATION_FNS))
+def test_reference_activation_matches_the_formula(activation, mode):
+    """out_i = c_i sum over visible j of f(scale q_i . k_j) v_j, pair by pair in float64, c per row."""
+    case = make_case(**CPU_MODES[mode], activation=activation, out_scale="rows", dtype=torch.float64, seed=5)
+    out, lse = reference.attention(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, scale=case.scale,
+                                   left=case.left, right=case.right, broadcast=case.broadcast,
+                                   compute_dtype=torch.float64, activation=activation, out_scale=case.out_scale)
+    assert lse.shape == (case.q.shape[1], 0)
+    want = torch.zeros_like(out)
+    q_off, kv_off = case.q_offsets.tolist(), case.kv_offsets.tolist()
+    lq = case.q.shape[0] if case.broadcast else None
+    group = case.q.shape[1] // case.k.shape[1]
+    f = ACTIVATION_FNS[activation]
+    for b in range(len(kv_off) - 1):
+        rows = range(b * lq, (b + 1) * lq) if case.broadcast else range(q_off[b], q_off[b + 1])
+        mask = visible_mask(len(rows), kv_off[b + 1] - kv_off[b], case.left, case.right)
+        for i, r in enumerate(rows):
+            qi = case.q[i] if case.broadcast else case.q[r]
+            for j in torch.nonzero(mask[i]).flatten().tolist():
+                key = kv_off[b] + j
+                for h in range(case.q.shape[1]):
+                    want[r, h] += f(case.scale * (qi[h] @ case.k[key, h // group])) * case.v[key, h // group]
+    want *= case.out_scale.view(-1, 1, 1)
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["causal", "cross", "gqa", "broadcast"])
+@pytest.mark.parametrize("activation", list(ACTIVATION_FNS))
+def test_reference_activation_backward_matches_autograd(activation, mode):
+    case = make_case(**CPU_MODES[mode], activation=activation, out_scale="rows", dtype=torch.float64, seed=6)
+    kw = dict(scale=case.scale, left=case.left, right=case.right, broadcast=case.broadcast,
+              compute_dtype=torch.float64, activation=activation, out_scale=case.out_scale)
+    q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+    out, _ = reference.attention(q, k, v, case.q_offsets, case.kv_offsets, **kw)
+    auto = torch.autograd.grad(out, (q, k, v), case.dout)
+    got = reference.attention_backward(case.dout, None, case.q, case.k, case.v, out.detach(), case.q_offsets,
+                                       case.kv_offsets, **kw)
+    for g, a in zip(got, auto):
+        torch.testing.assert_close(g, a, atol=1e-10, rtol=1e-8)

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jfa
+import jfa.variants
 from jfa.testing import CPU_MODES, compare, make_case, run_backend
 
 pytestmark = pytest.mark.interpreter
@@ -101,3 +102,38 @@ def test_triton_random_offsets(q_lens, cross, kv_extra, left, right, heads, seed
         return
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
+
+
+ACTIVATIONS = [a for a in jfa.variants.ACTIVATIONS if a != "softmax"]
+
+
+@pytest.mark.parametrize("mode", list(CPU_MODES))
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_triton_activations(activation, mode):
+    """Every activation in softmax's place, in every mode on the awkward lengths mixed in one batch, forward and
+    backward against the float64 formula (jfa.reference): a constant out scale, and a per-row one in GQA."""
+    out_scale = "rows" if mode in ("gqa", "broadcast") else 0.3
+    case = make_case(**CPU_MODES[mode], activation=activation, out_scale=out_scale, seed=7)
+    out, lse, grads = run_triton(case)
+    if grads is None:
+        assert out.numel() == 0
+        return
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_triton_activations_half_precision(activation, dtype):
+    case = make_case(q_lens=[1, 63, 129], causal=True, activation=activation, out_scale=0.5, dtype=dtype, seed=4)
+    out, lse, grads = run_triton(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+def test_triton_activation_deterministic():
+    """deterministic=True: the same bits twice (the portable backward has no atomics at all)."""
+    case = make_case(**CPU_MODES["broadcast-causal-gqa"], activation="silu", seed=2)
+    first, again = (run_backend(case, "triton", deterministic=True) for _ in range(2))
+    for a, b in zip((first[0], *first[2]), (again[0], *again[2])):
+        assert torch.equal(a, b)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..bwd_common import delta, sum_broadcast_dq
+from ..bwd_common import delta, scaled_rows, sum_broadcast_dq
 from ..problem import Problem
 from ..runtime import num_sms
 from .config import BwdPlan, DqRoute, FwdConfig, select_bwd
@@ -60,7 +60,10 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     # no keys anywhere (a TMA descriptor needs rows: every query saw nothing), or no queries (no key was seen)
     if k.shape[0] == 0 or rows == 0:
         return sum_broadcast_dq(dq.zero_(), q, batch, p.broadcast), dk.zero_(), dv.zero_()
-    d = delta(out, dout, dlse, lse)
+    if p.softmax:
+        d = delta(out, dout, dlse, lse)
+    else:  # no Delta; a per-row out scale is a factor of dO
+        d, dout = lse, scaled_rows(dout, p)
     dkdv(p, dout, lse, d, dk, dv, plan.dkdv, dq)
     if plan.dq is not None:
         dq_pass(p, dout, lse, d, dq, plan.dq, plan.skip_kv)

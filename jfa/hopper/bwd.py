@@ -16,116 +16,29 @@ the tile (jfa.hopper.config.key_tile_schedule). Partitions:
             rows, for every query head of the GQA group, through a STAGES-deep Ring (one pass: with the rows' LSE
             and Delta, RowStats).
   dkdv      2 x 4 warps (consumer w owns keys [n0 + 64 w, n0 + 64 w + 64)): per (Q, dO) block, on wgmma:
-  (x2)      S^T = K Q^T and dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - Delta);
+  (x2)      S^T = K Q^T and dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - Delta) (with an activation
+            f: P^T = f(scale S^T), dS^T = f'(scale S^T) dP^T, no LSE or Delta: jfa.variants);
             dV += P^T dO and dK += dS^T Q; one pass: dQ chunks = dS K (_one_pass_block). dK and dV stay in
             registers over the whole item (GQA group included: no atomics) and are stored once. Each item's
             blocks run as three loops: masked head, mask-free bulk, masked tail (jfa.geometry.full_query_blocks
             per warpgroup).
   writer    1 warp, one pass only: the dQ chunks' TMA reduce-adds (jfa.hopper.dq_reduce).
 """
-import math
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import constexpr_function
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from ..geometry import full_query_blocks, visible
+from ..bwd_common import backward_scales
+from ..geometry import full_query_blocks
 from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
-from ..variants import softmax_dscores, softmax_weights
+from ..variants import SOFTMAX, act_code
 from .buffers import ItemOperands, Ring, RowStats
-from .common import WG_ROWS, Batch, Shape, aggregate, aligned, mma_layout, store_rows, tma_descriptor
+from .bwd_block import Consumer, DkdvGrads, OnePass, QBlock, dkdv_block, one_pass_block
+from .common import WG_ROWS, Batch, Shape, aligned, mma_layout, store_rows, tma_descriptor
 from .config import DkdvConfig, DqRoute, key_tile_schedule
-from .dq_reduce import DQ_COLS, DqStage, dq_chunk, dq_writer_partition
+from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 from .items import WorkList
-
-LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@aggregate
-class DkdvGrads:
-    """What the consumers read per row (LSE, Delta) and write per item (dK, dV) and, with DqRoute.DIRECT, per
-    block (dQ), with the scales."""
-    DK: gl.tensor
-    DV: gl.tensor
-    DQ: gl.tensor
-    LSE: gl.tensor
-    DELTA: gl.tensor
-    stride_dkt: gl.tensor
-    stride_dkh: gl.tensor
-    stride_dvt: gl.tensor
-    stride_dvh: gl.tensor
-    stride_dqt: gl.tensor
-    stride_dqh: gl.tensor
-    stride_lh: gl.tensor
-    scale: gl.tensor
-    qk_scale: gl.tensor
-
-    @constexpr_function
-    def __init__(self, DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-                 stride_lh, scale, qk_scale):
-        self.DK = DK
-        self.DV = DV
-        self.DQ = DQ
-        self.LSE = LSE
-        self.DELTA = DELTA
-        self.stride_dkt = stride_dkt
-        self.stride_dkh = stride_dkh
-        self.stride_dvt = stride_dvt
-        self.stride_dvh = stride_dvh
-        self.stride_dqt = stride_dqt
-        self.stride_dqh = stride_dqh
-        self.stride_lh = stride_lh
-        self.scale = scale
-        self.qk_scale = qk_scale
-
-    @gluon.jit
-    def create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-               stride_lh, scale, qk_scale):
-        return DkdvGrads(DK, DV, DQ, LSE, DELTA, gl.to_tensor(stride_dkt), gl.to_tensor(stride_dkh),
-                         gl.to_tensor(stride_dvt), gl.to_tensor(stride_dvh), gl.to_tensor(stride_dqt),
-                         gl.to_tensor(stride_dqh), gl.to_tensor(stride_lh), scale, qk_scale)
-
-
-@aggregate
-class Consumer:
-    """A consumer warpgroup's view of the kernel: its shape, the item operands (K, V) and the (Q, dO) ring it reads,
-    the gradients it writes, the batch, and which warpgroup it is (WG: keys [n0 + 64 WG, n0 + 64 WG + 64) of
-    each item)."""
-    shape: Shape
-    kv_ops: ItemOperands
-    qdo: Ring
-    grads: DkdvGrads
-    batch: Batch
-    WG: gl.constexpr
-
-    @constexpr_function
-    def __init__(self, shape, kv_ops, qdo, grads, batch, WG):
-        self.shape = shape
-        self.kv_ops = kv_ops
-        self.qdo = qdo
-        self.grads = grads
-        self.batch = batch
-        self.WG = gl.constexpr(WG)
-
-
-@aggregate
-class QBlock:
-    """One (Q, dO) block of a consumer's item: its first query row, its count in the ring (it), the item's count
-    (t) and the query head."""
-    m0: gl.tensor
-    it: gl.tensor
-    t: gl.tensor
-    head: gl.tensor
-
-    @constexpr_function
-    def __init__(self, m0, it, t, head):
-        self.m0 = m0
-        self.it = it
-        self.t = t
-        self.head = head
 
 
 @gluon.jit
@@ -149,7 +62,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
                 for m0 in range(tile.lo, tile.hi, BLOCK_M):  # the item's walk (Item.n_blocks blocks)
                     q_row = m0 if shape.BROADCAST else tile.q_start + m0  # broadcast: one dense q
                     qdo.claim(it)
-                    if stats is not None:
+                    if (stats is not None) and (shape.ACT == SOFTMAX):  # (an activation needs neither)
                         head_row = (tile.head * shape.GROUP + g) * grads.stride_lh
                         stats.put(it, grads.LSE + head_row, grads.DELTA + head_row, tile.q_start + m0,
                                   grads.stride_lh)
@@ -158,146 +71,6 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
             t += 1
     if kv_ops.POSTED:
         kv_ops.close(t)  # the consumers' end mark
-
-
-@gluon.jit
-def _dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
-    """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q.
-    MASKED: zero the pairs outside the window and the queries past the sequence's end (else a bulk block).
-    SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together.
-    K and V are taken from item t's set per block: made once per item, this path's MMAs read shared memory out of
-    bounds at D=64 with two sets (compute-sanitizer; per block: 0 errors)."""
-    BLOCK_M: gl.constexpr = c.shape.BLOCK_M
-    SERIAL: gl.constexpr = c.shape.SERIAL
-    grads = c.grads
-    k_buf = c.kv_ops.a_block(blk.t, c.WG)
-    v_buf = c.kv_ops.b_block(blk.t, c.WG)
-    dtype: gl.constexpr = c.kv_ops.a.dtype
-    HEAD_DIM: gl.constexpr = c.kv_ops.a.shape[2]
-    st_layout: gl.constexpr = mma_layout(BLOCK_M)
-    acc_layout: gl.constexpr = mma_layout(HEAD_DIM)
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
-    st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
-    q_buf, do_buf = c.qdo.wait(blk.it)
-    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    if not SERIAL:
-        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
-    in_q = offs_m < tile.q_len
-    rows = grads.LSE + blk.head * grads.stride_lh + tile.q_start + offs_m
-    lse2 = gl.load(rows, mask=in_q, other=0.0) * LOG2E
-    if not SERIAL:
-        delta = gl.load(grads.DELTA + blk.head * grads.stride_lh + tile.q_start + offs_m, mask=in_q, other=0.0)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-    else:
-        st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
-    pt = softmax_weights(st, grads.qk_scale, gl.expand_dims(lse2, 0))
-    if MASKED:  # keys past the sequence's end only feed dK/dV rows that are never stored: not tested
-        vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq(), c.batch.rule(),
-                      QUERIES=False, KEYS=False, KEY_MAJOR=True)
-        pt = gl.where(gl.expand_dims(in_q, 0) & vis, pt, 0.0)
-    if SERIAL:
-        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-        dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
-        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        delta = gl.load(grads.DELTA + blk.head * grads.stride_lh + tile.q_start + offs_m, mask=in_q, other=0.0)
-        done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
-        dv = done[0]
-        dst_op = gl.convert_layout(softmax_dscores(pt, done[1], gl.expand_dims(delta, 0)).to(dtype), op_layout)
-        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
-        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dst_op))[0]
-    else:
-        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
-        dst = softmax_dscores(pt, dpt, gl.expand_dims(delta, 0))
-        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
-        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
-        dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
-        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
-        done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, dst_op))
-        dv = done[0]
-        dk = done[1]
-    c.qdo.release(blk.it)
-    return dk, dv
-
-
-@aggregate
-class OnePass:
-    """The one pass's buffers besides the consumer's: the rows' LSE and Delta (RowStats) and dQ's stage (dS^T
-    buffers, and with DqRoute.REDUCE the float32 chunk ring the writer drains)."""
-    stats: RowStats
-    stage: DqStage
-
-    @constexpr_function
-    def __init__(self, stats, stage):
-        self.stats = stats
-        self.stage = stage
-
-
-@gluon.jit
-def _one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexpr, DIRECT: gl.constexpr):
-    """_dkdv_block's MMAs one after another with P^T, then dS^T, in shared memory (the A operands of dV's and
-    dK's MMAs), and the block's dQ = dS K: both consumers' dS^T (each over its 64 keys) feed each DQ_COLS-column
-    chunk, computed by its owner (jfa.hopper.dq_reduce) and handed to the writer warp, or with DIRECT, where the
-    item holds every key of its sequence (want_dq), complete, stored by its owner (else the block computes no dQ:
-    the dQ pass does). MASKED also zeroes keys past the sequence's end (they would reach dQ)."""
-    BLOCK_M: gl.constexpr = c.shape.BLOCK_M
-    WG: gl.constexpr = c.WG
-    grads = c.grads
-    stage = d.stage
-    it = blk.it
-    dtype: gl.constexpr = c.kv_ops.a.dtype
-    k_buf = c.kv_ops.a_block(blk.t, WG)
-    v_buf = c.kv_ops.b_block(blk.t, WG)
-    st_layout: gl.constexpr = mma_layout(BLOCK_M)
-    q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
-    st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
-    q_buf, do_buf = c.qdo.wait(it)
-    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    lse2, delta = d.stats.read(it, q_cols)
-    st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
-    pt = softmax_weights(st, grads.qk_scale, gl.expand_dims(lse2, 0))
-    if MASKED:
-        offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
-        vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq(), c.batch.rule(),
-                      KEY_MAJOR=True)
-        pt = gl.where(vis, pt, 0.0)
-    ds_buf = stage.ds_buffer(it, WG)
-    stage.claim_ds(it)
-    ds_buf.store(pt.to(dtype))
-    fence_async_shared()
-    dv = warpgroup_mma(ds_buf, do_buf, dv, is_async=True)
-    dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
-    dv = done[0]
-    ds_buf.store(softmax_dscores(pt, done[1], gl.expand_dims(delta, 0)).to(dtype))
-    fence_async_shared()
-    stage.publish_ds(it)
-    if DIRECT:  # dK first; dQ (if this item has it) after, stored in place: chunk WG, or every other block at D=64
-        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
-        if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):
-            C: gl.constexpr = WG if stage.CHUNKS == 2 else 0
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, C, c.kv_ops, stage, BLOCK_M), ))
-            if BLOCK_M < WG_ROWS:  # computed transposed (_dq_chunk)
-                dq = gl.permute(dq, (1, 0))
-            store_rows(grads.DQ + blk.head * grads.stride_dqh + C * DQ_COLS, grads.stride_dqt,
-                       (dq * grads.scale).to(dtype), blk.m0, tile.q_start, tile.q_len)
-        stage.free_ds(it)
-    elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
-        dq = dq_chunk(it, blk.t, WG, c.kv_ops, stage, BLOCK_M)
-        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
-        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
-        stage.free_ds(it)
-        stage.put(WG, it, dq * grads.scale, BLOCK_M < WG_ROWS)
-    else:  # one chunk: the consumers take the blocks in turn
-        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
-        if it % 2 == WG:
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, 0, c.kv_ops, stage, BLOCK_M), ))
-            stage.put(WG, it // 2, dq * grads.scale, BLOCK_M < WG_ROWS)
-        stage.free_ds(it)
-    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
-    c.qdo.release(it)
-    return dk, dv
 
 
 @gluon.jit
@@ -333,12 +106,14 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
             for j in range(begin, end_j):
                 blk = QBlock(tile.lo + j * BLOCK_M, it, t, i_h)
                 if ONE_PASS:
-                    dk, dv = _one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,
+                    dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,
                                              DIRECT=DIRECT)
                 else:
-                    dk, dv = _dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED=seg != 1)
+                    dk, dv = dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED=seg != 1)
                 it += 1
     c.kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
+    if c.shape.ACT != SOFTMAX:  # an activation's constant out scale, folded into grads.scale (bwd_common)
+        dv = dv * (grads.scale / grads.qk_scale)
     store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
                tile.kv_start, tile.kv_len)
     store_rows(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
@@ -376,12 +151,12 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE
                        stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
                        BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, SERIAL: gl.constexpr,
                        BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
-                       KV_SLOTS: gl.constexpr, POSTED: gl.constexpr, num_warps: gl.constexpr):
+                       KV_SLOTS: gl.constexpr, POSTED: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
     """ONE_PASS: dQ too (DkdvConfig.one_pass), with the rows' LSE and Delta through shared memory (RowStats):
     through the writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with DIRECT, only for the
     sequences whose keys fit one item, stored into DQ (q's dtype) by the consumers (DqRoute.DIRECT). Else neither
     dq_desc nor DQ is used."""
-    shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, SERIAL, BROADCAST)
+    shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, SERIAL, BROADCAST, ACT)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads_kv)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     grads = DkdvGrads.create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
@@ -425,7 +200,7 @@ def descriptors(q, dout, k, v, cfg: DkdvConfig, dq=None):
 
 def constexprs(cfg: DkdvConfig, p: Problem) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
-    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), num_warps=4)
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation), num_warps=4)
 
 
 def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None):
@@ -441,5 +216,5 @@ def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None):
     hopper_dkdv_kernel[(sms, )](
         *descriptors(q, dout, k, v, cfg, dq), dk, dv, dq_out, lse, delta, p.q_offsets, p.kv_offsets, sched.tiles,
         sched.order, sched.sm_start, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_out.stride(0),
-        dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], p.scale, p.scale * math.log2(math.e),
-        p.left, p.right, **constexprs(cfg, p))
+        dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], *backward_scales(p), p.left, p.right,
+        **constexprs(cfg, p))

@@ -6,13 +6,12 @@ tiles of 128 rows x heads on the forward's kind of schedule (at D=128 the very s
   load      1 warp: per item, the Q and dO rows of both consumers (ItemOperands, 64 rows each), then the
             tile's K/V blocks through a STAGES-deep Ring.
   dq (x2)   4 warps each: per K/V block, S = Q K^T and dP = dO V^T (wgmma), P = exp2(S - lse),
-            dS = P (dP - Delta), dQ += dS K (wgmma, dS from registers). dQ is stored once per item.
+            dS = P (dP - Delta) (with an activation f: dS = f'(scale S) dP, no P, LSE or Delta: jfa.variants),
+            dQ += dS K (wgmma, dS from registers). dQ is stored once per item.
 
 In broadcast mode it writes per-sequence float32 partials, summed over the batch afterwards. With SKIP_KV > 0 it
 skips the sequences of at most SKIP_KV keys, whose dQ the dK/dV pass stored (jfa.hopper.config.DQ_DIRECT).
 """
-import math
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
@@ -22,7 +21,8 @@ from ..geometry import key_blocks, visible
 from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
-from ..variants import softmax_dscores, softmax_weights
+from ..bwd_common import backward_scales
+from ..variants import SOFTMAX, act_code, activation_grad, softmax_dscores, softmax_weights
 from .buffers import ItemOperands, Ring
 from .common import WG_ROWS, Batch, Shape, aggregate, aligned, mma_layout, tma_descriptor
 from .config import DqConfig, query_tile_schedule
@@ -111,14 +111,17 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP
             offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
             in_q = offs_m < q_len
             row_off = tile.head * grads.stride_lh + tile.q_start + offs_m
-            lse2 = gl.load(grads.LSE + row_off, mask=in_q, other=0.0) * LOG2E
-            delta = gl.load(grads.DELTA + row_off, mask=in_q, other=0.0)
+            lse2 = offs_m  # (an activation has neither)
+            delta = offs_m
+            if shape.ACT == SOFTMAX:
+                lse2 = gl.load(grads.LSE + row_off, mask=in_q, other=0.0) * LOG2E
+                delta = gl.load(grads.DELTA + row_off, mask=in_q, other=0.0)
             dq = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=acc_layout)
             qdo_ops.wait(t, WG)
             if (row0 < q_len) & (n_blocks > 0):
                 for j in range(0, n_blocks):
                     dq = _dq_block(tile, tile.lo + j * BLOCK_N, it + j, dq, q_buf, do_buf, kv, batch, grads, offs_m,
-                                   lse2, delta, full_lo, full_hi, s_zero)
+                                   (lse2, delta), (full_lo, full_hi), s_zero, shape.ACT)
                 qdo_ops.release(t)
             else:  # rows past the sequence's end, or no keys: hand the buffers back
                 qdo_ops.release(t)
@@ -132,22 +135,34 @@ def _dq_partition(WG: gl.constexpr, shape, work, batch, qdo_ops, kv, grads, SKIP
 
 
 @gluon.jit
-def _dq_block(tile, n0, it, dq, q_buf, do_buf, kv, batch, grads, offs_m, lse2, delta, full_lo, full_hi, s_zero):
-    """Key block n0 (ring block it) of this warpgroup's rows: dQ += dS K, dS = P (dP - Delta) (edge blocks
-    masked)."""
+def _dq_block(tile, n0, it, dq, q_buf, do_buf, kv, batch, grads, offs_m, stats, band, s_zero, ACT: gl.constexpr):
+    """Key block n0 (ring block it) of this warpgroup's rows: dQ += dS K, dS = P (dP - Delta) from the rows'
+    stats = (lse2, Delta), or with an activation f'(scale S) dP; blocks outside band = [full_lo, full_hi) take the
+    mask."""
     dtype: gl.constexpr = q_buf.dtype
     s_cols: gl.constexpr = gl.SliceLayout(0, s_zero.type.layout)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq.type.layout, k_width=2)
+    lse2, delta = stats
+    full_lo, full_hi = band
     k_buf, v_buf = kv.wait(it)
     s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dp = warpgroup_mma(do_buf, v_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-    p = softmax_weights(s, grads.qk_scale, gl.expand_dims(lse2, 1))
-    if (n0 < full_lo) | (n0 >= full_hi):  # edge block: zero the pairs a row may not see
-        key = gl.expand_dims(n0 + gl.arange(0, s_zero.shape[1], layout=s_cols), 0)
-        p = gl.where(visible(gl.expand_dims(offs_m, 1), key, tile.seq(), batch.rule()), p, 0.0)
-    dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-    ds_op = gl.convert_layout(softmax_dscores(p, dp, gl.expand_dims(delta, 1)).to(dtype), op_layout)
+    if ACT == SOFTMAX:
+        p = softmax_weights(s, grads.qk_scale, gl.expand_dims(lse2, 1))
+        if (n0 < full_lo) | (n0 >= full_hi):  # edge block: zero the pairs a row may not see
+            key = gl.expand_dims(n0 + gl.arange(0, s_zero.shape[1], layout=s_cols), 0)
+            p = gl.where(visible(gl.expand_dims(offs_m, 1), key, tile.seq(), batch.rule()), p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        ds = softmax_dscores(p, dp, gl.expand_dims(delta, 1))
+    else:  # (dQ needs no P)
+        df = activation_grad(s * grads.qk_scale, ACT, True)
+        if (n0 < full_lo) | (n0 >= full_hi):
+            key = gl.expand_dims(n0 + gl.arange(0, s_zero.shape[1], layout=s_cols), 0)
+            df = gl.where(visible(gl.expand_dims(offs_m, 1), key, tile.seq(), batch.rule()), df, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        ds = df * dp
+    ds_op = gl.convert_layout(ds.to(dtype), op_layout)
     dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))[0]
     kv.release(it)
@@ -170,8 +185,8 @@ def _store_dq(grads, dq, row0, tile):
 def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start,
                      stride_dqt, stride_dqh, stride_lh, tile_capacity, heads, scale, qk_scale, LEFT, RIGHT,
                      GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr,
-                     SKIP_KV: gl.constexpr, num_warps: gl.constexpr):
-    shape = Shape(GROUP, 2 * WG_ROWS, BLOCK_N, 2, False, BROADCAST)
+                     SKIP_KV: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
+    shape = Shape(GROUP, 2 * WG_ROWS, BLOCK_N, 2, False, BROADCAST, ACT)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
     qdo_ops = ItemOperands.alloc(q_desc, do_desc, 2, True)
@@ -193,7 +208,8 @@ def descriptors(q, dout, k, v, cfg: DqConfig):
 
 def constexprs(cfg: DqConfig, p: Problem, skip_kv: int) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
-    return dict(GROUP=p.group, BROADCAST=p.broadcast, SKIP_KV=skip_kv, **cfg.constexprs(), num_warps=4)
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, SKIP_KV=skip_kv, **cfg.constexprs(), ACT=act_code(p.activation),
+                num_warps=4)
 
 
 def dq_pass(p: Problem, dout, lse, delta, dq, cfg: DqConfig, skip_kv: int = 0):
@@ -206,5 +222,5 @@ def dq_pass(p: Problem, dout, lse, delta, dq, cfg: DqConfig, skip_kv: int = 0):
     q, dout, k, v = aligned(q, dout, k, v)
     hopper_dq_kernel[(sms, )](
         *descriptors(q, dout, k, v, cfg), dq, lse, delta, p.q_offsets, p.kv_offsets, sched.tiles, sched.order,
-        sched.sm_start, dq.stride(0), dq.stride(1), lse.stride(0), sched.tiles.shape[1], q.shape[1], p.scale,
-        p.scale * math.log2(math.e), p.left, p.right, **constexprs(cfg, p, skip_kv))
+        sched.sm_start, dq.stride(0), dq.stride(1), lse.stride(0), sched.tiles.shape[1], q.shape[1],
+        *backward_scales(p), p.left, p.right, **constexprs(cfg, p, skip_kv))

@@ -77,22 +77,24 @@ def mma_layout(n):
 @aggregate
 class Shape:
     """The compile-time shape of one kernel (its config's and the problem's): rows per item and per block of the
-    other side, the consumers, and the modes."""
+    other side, the consumers, the modes and the score function."""
     GROUP: gl.constexpr  # query heads per kv head
     BLOCK_M: gl.constexpr  # query rows per tile (forward, dQ: per item; dK/dV: per (Q, dO) block)
     BLOCK_N: gl.constexpr  # key rows per tile (forward, dQ: per K/V block; dK/dV: per item)
     CONSUMERS: gl.constexpr  # consumer warpgroups
     SERIAL: gl.constexpr  # dK/dV: the MMAs one after another
     BROADCAST: gl.constexpr  # one dense q for every sequence
+    ACT: gl.constexpr  # the score function (jfa.variants: SOFTMAX, or an activation)
 
     @constexpr_function
-    def __init__(self, GROUP, BLOCK_M, BLOCK_N, CONSUMERS, SERIAL, BROADCAST):
+    def __init__(self, GROUP, BLOCK_M, BLOCK_N, CONSUMERS, SERIAL, BROADCAST, ACT):
         self.GROUP = gl.constexpr(GROUP)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.CONSUMERS = gl.constexpr(CONSUMERS)
         self.SERIAL = gl.constexpr(SERIAL)
         self.BROADCAST = gl.constexpr(BROADCAST)
+        self.ACT = gl.constexpr(ACT)
 
 
 @aggregate

@@ -8,17 +8,16 @@ memory and talk through mbarriers:
             streams the tile's K/V blocks through a STAGES-deep Ring (a slot is refilled once every consumer
             has released it).
   softmax   CONSUMERS x 4 warps (consumer w owns Q rows [m0 + 64 w, m0 + 64 w + 64)): per K/V block,
-            S = Q K^T (wgmma), online softmax in base 2, O += P V (wgmma, P from registers). The loop is
-            pipelined as in FlashAttention-3: S of block j is issued before P V of block j-1, so the
-            exponentials of block j run while the tensor cores multiply.
+            S = Q K^T (wgmma), online softmax in base 2 (or with an activation, P = f(scale S): no running max,
+            no rescale), O += P V (wgmma, P from registers). The loop is pipelined as in FlashAttention-3: S of
+            block j is issued before P V of block j-1, so the exponentials of block j run while the tensor cores
+            multiply.
 
 CONSUMERS = 2 (128-row tiles, one CTA per SM) lets two warpgroups share every K/V block; CONSUMERS = 1 (64-row
 tiles, two CTAs per SM) suits D=64 (jfa.hopper.config). A block that runs past its sequence reads the next
 sequence's rows (the key mask hides them; stores skip query rows past the end); a consumer whose rows all lie
 past the end skips the math and only releases the buffers.
 """
-import math
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -29,7 +28,8 @@ from ..geometry import key_blocks, visible
 from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
-from ..variants import online_softmax, softmax_lse
+from ..bwd_common import scaled_rows
+from ..variants import SOFTMAX, act_code, activation, online_softmax, score_scale, softmax_lse
 from .buffers import ItemOperands, Ring
 from .common import WG_ROWS, Batch, Shape, aggregate, aligned, mma_layout, store_rows, tma_descriptor
 from .config import FwdConfig, fwd_config, query_tile_schedule
@@ -38,30 +38,33 @@ from .items import WorkList
 
 @aggregate
 class FwdOutput:
-    """Where O and LSE go, and how O is stored: COALESCED, in 16-byte pieces through a shared-memory layout
-    conversion (store_rows), else straight from the wgmma layout (jfa.hopper.config.FwdConfig.coalesced_store)."""
+    """Where O and LSE go, the scores' and the rows' scales (qk_scale: jfa.variants.score_scale; out_scale: an
+    activation's), and how O is stored: COALESCED, in 16-byte pieces through a shared-memory layout conversion
+    (store_rows), else straight from the wgmma layout (jfa.hopper.config.FwdConfig.coalesced_store)."""
     O: gl.tensor
     LSE: gl.tensor
     stride_ot: gl.tensor
     stride_oh: gl.tensor
     stride_lh: gl.tensor
     qk_scale: gl.tensor
+    out_scale: gl.tensor
     COALESCED: gl.constexpr
 
     @constexpr_function
-    def __init__(self, O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED):
+    def __init__(self, O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, COALESCED):
         self.O = O
         self.LSE = LSE
         self.stride_ot = stride_ot
         self.stride_oh = stride_oh
         self.stride_lh = stride_lh
         self.qk_scale = qk_scale
+        self.out_scale = out_scale
         self.COALESCED = gl.constexpr(COALESCED)
 
     @gluon.jit
-    def create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED: gl.constexpr):
+    def create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, COALESCED: gl.constexpr):
         return FwdOutput(O, LSE, gl.to_tensor(stride_ot), gl.to_tensor(stride_oh), gl.to_tensor(stride_lh),
-                         qk_scale, COALESCED)
+                         qk_scale, gl.to_tensor(out_scale), COALESCED)
 
 
 @gluon.jit
@@ -97,6 +100,31 @@ def _mask_scores(s, i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.co
     never stored, so only the keys are tested for existence)."""
     j = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
     return gl.where(visible(i_row, j, tile.seq(), batch.rule(), QUERIES=False), s, float("-inf"))
+
+
+@gluon.jit
+def _weights(s, m_i, l_i, n0, edges, tile, batch, qk_scale, s_cols: gl.constexpr, FIRST: gl.constexpr,
+             ACT: gl.constexpr):
+    """Block n0's scores s -> (its weights P, and for softmax the running row max, row sum and alpha, the rescale
+    of what was summed before); edges = (the rows, their mask-free blocks [full_lo, full_hi)): blocks outside
+    take the mask (jfa.geometry, jfa.variants)."""
+    i_row, full_lo, full_hi = edges
+    BLOCK_N: gl.constexpr = s.shape[1]
+    if ACT == SOFTMAX:
+        if (n0 < full_lo) | (n0 >= full_hi):
+            s = _mask_scores(s, i_row, n0, tile, batch, BLOCK_N, s_cols)
+        p, m_i, alpha = online_softmax(s, m_i, qk_scale)
+        if FIRST:
+            l_i = gl.sum(p, axis=1)
+        else:
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+    else:  # an activation: no max, no sum, no rescale (alpha unused)
+        p = activation(s * qk_scale, ACT, True)
+        alpha = m_i
+        if (n0 < full_lo) | (n0 >= full_hi):
+            j = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
+            p = gl.where(visible(i_row, j, tile.seq(), batch.rule(), QUERIES=False), p, 0.0)
+    return p, m_i, l_i, alpha
 
 
 @gluon.jit
@@ -152,7 +180,7 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
             kv.wait_a(it + jb)
             kv.release(it + jb)
     if row0 < tile.q_len:
-        _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, q_ops.a.dtype)
+        _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, q_ops.a.dtype, shape.ACT)
     return it + n_blocks
 
 
@@ -164,7 +192,6 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, state,
     BLOCK_N: gl.constexpr = shape.BLOCK_N
     dtype: gl.constexpr = q_ops.a.dtype
     acc, m_i, l_i = state
-    i_row, full_lo, full_hi = edges
     s_layout: gl.constexpr = mma_layout(BLOCK_N)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -173,13 +200,10 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, state,
     q_buf = q_ops.a.index(WG)
     qk_scale = out.qk_scale
     lo = tile.lo
-    # prologue: S of the first block and its softmax
+    # prologue: S of the first block and its weights
     s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    if (lo < full_lo) | (lo >= full_hi):
-        s = _mask_scores(s, i_row, lo, tile, batch, BLOCK_N, s_cols)
-    p, m_i, alpha = online_softmax(s, m_i, qk_scale)
-    l_i = gl.sum(p, axis=1)
+    p, m_i, l_i, alpha = _weights(s, m_i, l_i, lo, edges, tile, batch, qk_scale, s_cols, True, shape.ACT)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     for jb in range(1, n_blocks):
         n0 = lo + jb * BLOCK_N
@@ -188,13 +212,11 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, state,
         s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
-        if (n0 < full_lo) | (n0 >= full_hi):
-            s = _mask_scores(s, i_row, n0, tile, batch, BLOCK_N, s_cols)
-        p, m_i, alpha = online_softmax(s, m_i, qk_scale)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        p, m_i, l_i, alpha = _weights(s, m_i, l_i, n0, edges, tile, batch, qk_scale, s_cols, False, shape.ACT)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
         kv.release(it + jb - 1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        if shape.ACT == SOFTMAX:
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
     q_ops.release(t)  # last S issued and done: the producer may load the next Q
     last = it + n_blocks - 1
@@ -206,13 +228,17 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, state,
 
 @gluon.jit
 def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.constexpr, s_rows: gl.constexpr,
-           dtype: gl.constexpr):
-    """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf."""
+           dtype: gl.constexpr, ACT: gl.constexpr):
+    """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf. With
+    an activation O = out_scale acc, and no LSE."""
     HEAD_DIM: gl.constexpr = acc.shape[1]
-    seen = l_i > 0.0
-    lse = softmax_lse(m_i, l_i, out.qk_scale)
-    inv = gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0), o_rows)
-    o = (acc * gl.expand_dims(inv, 1)).to(dtype)
+    if ACT == SOFTMAX:
+        seen = l_i > 0.0
+        lse = softmax_lse(m_i, l_i, out.qk_scale)
+        inv = gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0), o_rows)
+        o = (acc * gl.expand_dims(inv, 1)).to(dtype)
+    else:
+        o = (acc * out.out_scale).to(dtype)
     base = out.O + tile.head * out.stride_oh
     if out.COALESCED:
         store_rows(base, out.stride_ot, o, row0, tile.q_start, tile.q_len)
@@ -222,20 +248,21 @@ def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.cons
         p_o = (base + tile.q_start.to(gl.int64) * out.stride_ot + gl.expand_dims(o_m, 1) * out.stride_ot
                + gl.expand_dims(o_d, 0))
         gl.store(p_o, o, mask=gl.expand_dims(o_m < tile.q_len, 1))
-    offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
-    gl.store(out.LSE + tile.head * out.stride_lh + tile.q_start + offs_m, lse, mask=offs_m < tile.q_len)
+    if ACT == SOFTMAX:
+        offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
+        gl.store(out.LSE + tile.head * out.stride_lh + tile.q_start + offs_m, lse, mask=offs_m < tile.q_len)
 
 
 @gluon.jit
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot,
-                      stride_oh, stride_lh, tile_capacity, heads, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, POSTED: gl.constexpr,
+                      stride_oh, stride_lh, tile_capacity, heads, qk_scale, out_scale, LEFT, RIGHT,
+                      GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, POSTED: gl.constexpr, ACT: gl.constexpr,
                       num_warps: gl.constexpr):
-    shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST)
+    shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST, ACT)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
     batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
-    out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, COALESCED)
+    out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, COALESCED)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
@@ -258,7 +285,7 @@ def descriptors(q, k, v, cfg: FwdConfig):
 
 def constexprs(cfg: FwdConfig, p: Problem) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
-    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), num_warps=4)
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation), num_warps=4)
 
 
 def forward(p: Problem, cfg: FwdConfig | None = None):
@@ -267,7 +294,7 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     cfg = cfg or fwd_config(p)
     q, k, v = p.q, p.k, p.v
     out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
-    lse = torch.empty(p.heads, p.rows, dtype=torch.float32, device=q.device)
+    lse = torch.empty(p.heads, p.lse_rows, dtype=torch.float32, device=q.device)
     if p.rows == 0 or p.batch == 0 or q.shape[0] == 0:
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
@@ -278,6 +305,6 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     q, k, v = aligned(q, k, v)
     hopper_fwd_kernel[(ctas, )](
         *descriptors(q, k, v, cfg), out, lse, p.q_offsets, p.kv_offsets, sched.tiles, sched.order, sched.sm_start,
-        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], p.heads, p.scale * math.log2(math.e),
-        p.left, p.right, **constexprs(cfg, p), **cfg.launch_options())
-    return out, lse
+        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], p.heads,
+        score_scale(p.scale, p.activation), p.out_scale, p.left, p.right, **constexprs(cfg, p), **cfg.launch_options())
+    return scaled_rows(out, p), lse  # (a per-row out scale: times the output afterwards)

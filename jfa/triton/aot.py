@@ -27,11 +27,12 @@ def _signature(fn, types: dict, constexprs: dict):
     return {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in fn.arg_names}
 
 
-def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool = False) -> Report:
+def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool = False,
+                   activation: str = "softmax") -> Report:
     """Compile one kernel for sm_90 with the config the launcher would pick."""
     t, cfgs = _TL[dtype], select_config(_DEVICE, head_dim, dtype)
     ptr = {"q_offsets": "*i32", "kv_offsets": "*i32", "tiles": "*i32", "LSE": "*fp32", "DELTA": "*fp32",
-           "DLSE": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
+           "DLSE": "*fp32", "qk_scale": "fp32", "scale": "fp32", "out_scale": "fp32"}
     for x in ("Q", "K", "V", "O", "DO", "DK", "DV"):
         ptr[x] = f"*{t}"
     if name == "fwd":
@@ -48,7 +49,7 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
     if cfg is None:
         consts, options = dict(D=head_dim, BLOCK_D=block_d(head_dim), BLOCK_T=64, HAS_DLSE=True), {}
     else:
-        consts = constexprs(cfg, meta_problem(head_dim, dtype, broadcast))
+        consts = constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation))
         options = dict(num_warps=consts.pop("num_warps"), num_stages=consts.pop("num_stages"))
     src = ASTSource(fn=fn, signature=_signature(fn, ptr, consts), constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(dict(num_warps=4, num_stages=2),

@@ -5,16 +5,15 @@ the grid is sized from the tensor shapes alone, so the launches can be captured 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from ..bwd_common import block_d, delta, sum_broadcast_dq
+from ..bwd_common import backward_scales, block_d, delta, scaled_rows, sum_broadcast_dq
 from ..jagged import tile_table
 from ..problem import Problem
 from ..runtime import check_runnable, interpreting
+from ..variants import act_code, score_scale
 from . import kernels
 
 
@@ -71,15 +70,15 @@ def constexprs(cfg: TileConfig, p: Problem) -> dict:
     """The compile-time arguments of a kernel run with this config on this problem (the launchers' and
     jfa.triton.aot's one mapping)."""
     return dict(GROUP=p.group, D=p.head_dim, BLOCK_D=block_d(p.head_dim), DOT=dot_mode(p.q.dtype),
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=p.broadcast, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=p.broadcast, ACT=act_code(p.activation),
+                FAST=not interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def forward(p: Problem, configs: Configs | None = None):
     """-> (out [rows, Hq, D], lse [Hq, rows] float32); configs: select_config's by default."""
     q, k, v = p.q, p.k, p.v
     out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
-    lse = torch.empty(p.heads, p.rows, dtype=torch.float32, device=q.device)
+    lse = torch.empty(p.heads, p.lse_rows, dtype=torch.float32, device=q.device)
     if p.rows == 0 or p.batch == 0:
         return out, lse
     check_runnable(q.device)
@@ -88,8 +87,8 @@ def forward(p: Problem, configs: Configs | None = None):
     kernels.attention_fwd_kernel[(tiles.shape[1], p.heads)](
         q, k, v, out, lse, p.q_offsets, p.kv_offsets, tiles, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), tiles.shape[1],
-        p.scale * math.log2(math.e), p.left, p.right, **constexprs(cfg, p))
-    return out, lse
+        score_scale(p.scale, p.activation), p.out_scale, p.left, p.right, **constexprs(cfg, p))
+    return scaled_rows(out, p), lse
 
 
 def backward(p: Problem, out, lse, dout, dlse, configs: Configs | None = None):
@@ -105,7 +104,10 @@ def backward(p: Problem, out, lse, dout, dlse, configs: Configs | None = None):
     check_runnable(q.device)
     configs = configs or select_config(q.device, p.head_dim, q.dtype)
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    grads = _Grads(dout, lse, delta(out, dout, dlse, lse))
+    if p.softmax:
+        grads = _Grads(dout, lse, delta(out, dout, dlse, lse))
+    else:  # no Delta; a per-row out scale is a factor of dO
+        grads = _Grads(scaled_rows(dout, p), lse, lse)
     if k.shape[0] > 0:
         _bwd_dkdv(p, grads, dk, dv, configs.dkdv)
     if p.rows > 0:
@@ -129,8 +131,7 @@ def _bwd_dkdv(p: Problem, g: _Grads, dk, dv, cfg: TileConfig):
         q, k, v, g.dout, g.lse, g.delta, dk, dv, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.dout.stride(0), g.dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        g.lse.stride(0), tiles.shape[1], p.scale, p.scale * math.log2(math.e), p.left, p.right,
-        **constexprs(cfg, p))
+        g.lse.stride(0), tiles.shape[1], *backward_scales(p), p.left, p.right, **constexprs(cfg, p))
 
 
 def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
@@ -141,4 +142,4 @@ def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
         q, k, v, g.dout, g.lse, g.delta, dq, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.dout.stride(0), g.dout.stride(1), dq.stride(0), dq.stride(1), g.lse.stride(0),
-        tiles.shape[1], p.scale, p.scale * math.log2(math.e), p.left, p.right, **constexprs(cfg, p))
+        tiles.shape[1], *backward_scales(p), p.left, p.right, **constexprs(cfg, p))

@@ -1,0 +1,288 @@
+"""One (Q, dO) block of a dK/dV consumer warpgroup (jfa.hopper.bwd): the block's MMAs, its score step (jfa.variants),
+its mask (jfa.geometry) and, in the one pass, its dQ (jfa.hopper.dq_reduce); and the aggregates a consumer is
+written with.
+
+  DkdvGrads   what the consumers read per row (LSE, Delta) and write (dK, dV, dQ), with the scales
+  Consumer    a consumer warpgroup's view of the kernel: its shape, K/V, the (Q, dO) ring, DkdvGrads, the batch
+  QBlock      one (Q, dO) block of an item: its first row, its ring and item counts, its query head
+  OnePass     the one pass's buffers besides: RowStats and DqStage
+
+(No ``from __future__ import annotations`` in a module that defines an aggregate.)
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from ..geometry import visible
+from ..variants import SOFTMAX, activation_with_grad, softmax_dscores, softmax_weights
+from .buffers import ItemOperands, Ring, RowStats
+from .common import WG_ROWS, Batch, Shape, aggregate, mma_layout, store_rows
+from .dq_reduce import DQ_COLS, DqStage, dq_chunk
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@aggregate
+class DkdvGrads:
+    """What the consumers read per row (LSE, Delta) and write per item (dK, dV) and, with DqRoute.DIRECT, per
+    block (dQ), with the scales."""
+    DK: gl.tensor
+    DV: gl.tensor
+    DQ: gl.tensor
+    LSE: gl.tensor
+    DELTA: gl.tensor
+    stride_dkt: gl.tensor
+    stride_dkh: gl.tensor
+    stride_dvt: gl.tensor
+    stride_dvh: gl.tensor
+    stride_dqt: gl.tensor
+    stride_dqh: gl.tensor
+    stride_lh: gl.tensor
+    scale: gl.tensor
+    qk_scale: gl.tensor
+
+    @constexpr_function
+    def __init__(self, DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+                 stride_lh, scale, qk_scale):
+        self.DK = DK
+        self.DV = DV
+        self.DQ = DQ
+        self.LSE = LSE
+        self.DELTA = DELTA
+        self.stride_dkt = stride_dkt
+        self.stride_dkh = stride_dkh
+        self.stride_dvt = stride_dvt
+        self.stride_dvh = stride_dvh
+        self.stride_dqt = stride_dqt
+        self.stride_dqh = stride_dqh
+        self.stride_lh = stride_lh
+        self.scale = scale
+        self.qk_scale = qk_scale
+
+    @gluon.jit
+    def create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+               stride_lh, scale, qk_scale):
+        return DkdvGrads(DK, DV, DQ, LSE, DELTA, gl.to_tensor(stride_dkt), gl.to_tensor(stride_dkh),
+                         gl.to_tensor(stride_dvt), gl.to_tensor(stride_dvh), gl.to_tensor(stride_dqt),
+                         gl.to_tensor(stride_dqh), gl.to_tensor(stride_lh), scale, qk_scale)
+
+
+@aggregate
+class Consumer:
+    """A consumer warpgroup's view of the kernel: its shape, the item operands (K, V) and the (Q, dO) ring it reads,
+    the gradients it writes, the batch, and which warpgroup it is (WG: keys [n0 + 64 WG, n0 + 64 WG + 64) of
+    each item)."""
+    shape: Shape
+    kv_ops: ItemOperands
+    qdo: Ring
+    grads: DkdvGrads
+    batch: Batch
+    WG: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, shape, kv_ops, qdo, grads, batch, WG):
+        self.shape = shape
+        self.kv_ops = kv_ops
+        self.qdo = qdo
+        self.grads = grads
+        self.batch = batch
+        self.WG = gl.constexpr(WG)
+
+
+@aggregate
+class QBlock:
+    """One (Q, dO) block of a consumer's item: its first query row, its count in the ring (it), the item's count
+    (t) and the query head."""
+    m0: gl.tensor
+    it: gl.tensor
+    t: gl.tensor
+    head: gl.tensor
+
+    @constexpr_function
+    def __init__(self, m0, it, t, head):
+        self.m0 = m0
+        self.it = it
+        self.t = t
+        self.head = head
+
+
+@gluon.jit
+def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
+    """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q.
+    MASKED: zero the pairs outside the window and the queries past the sequence's end (else a bulk block).
+    SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together.
+    K and V are taken from item t's set per block: made once per item, this path's MMAs read shared memory out of
+    bounds at D=64 with two sets (compute-sanitizer; per block: 0 errors)."""
+    BLOCK_M: gl.constexpr = c.shape.BLOCK_M
+    SERIAL: gl.constexpr = c.shape.SERIAL
+    ACT: gl.constexpr = c.shape.ACT
+    grads = c.grads
+    k_buf = c.kv_ops.a_block(blk.t, c.WG)
+    v_buf = c.kv_ops.b_block(blk.t, c.WG)
+    dtype: gl.constexpr = c.kv_ops.a.dtype
+    HEAD_DIM: gl.constexpr = c.kv_ops.a.shape[2]
+    st_layout: gl.constexpr = mma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = mma_layout(HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
+    st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
+    q_buf, do_buf = c.qdo.wait(blk.it)
+    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if not SERIAL:
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
+    in_q = offs_m < tile.q_len
+    delta = None  # softmax's Delta (loaded below), or an activation's f' of the block
+    if ACT == SOFTMAX:
+        rows = grads.LSE + blk.head * grads.stride_lh + tile.q_start + offs_m
+        lse2 = gl.load(rows, mask=in_q, other=0.0) * LOG2E
+    if not SERIAL:
+        if ACT == SOFTMAX:
+            delta = gl.load(grads.DELTA + blk.head * grads.stride_lh + tile.q_start + offs_m, mask=in_q, other=0.0)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+    else:
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+    if ACT == SOFTMAX:
+        pt = softmax_weights(st, grads.qk_scale, gl.expand_dims(lse2, 0))
+    else:  # f and f' at once (f' kept in place of Delta for dS^T)
+        pt, delta = activation_with_grad(st * grads.qk_scale, ACT, True)
+    if MASKED:  # keys past the sequence's end only feed dK/dV rows that are never stored: not tested
+        vis = gl.expand_dims(in_q, 0) & visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq(),
+                                                c.batch.rule(), QUERIES=False, KEYS=False, KEY_MAJOR=True)
+        pt = gl.where(vis, pt, 0.0)
+        if ACT != SOFTMAX:
+            delta = gl.where(vis, delta, 0.0)
+    if SERIAL:
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        if ACT == SOFTMAX:
+            delta = gl.load(grads.DELTA + blk.head * grads.stride_lh + tile.q_start + offs_m, mask=in_q, other=0.0)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
+        dv = done[0]
+        dst = _dscores(pt, done[1], delta, ACT)
+        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dst_op))[0]
+    else:
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+        dst = _dscores(pt, dpt, delta, ACT)
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, dst_op))
+        dv = done[0]
+        dk = done[1]
+    c.qdo.release(blk.it)
+    return dk, dv
+
+
+@gluon.jit
+def _dscores(pt, dpt, aux, ACT: gl.constexpr):
+    """dS^T of a block (keys as rows): from P^T and the rows' Delta (softmax), or the block's f' (an activation,
+    zero at the masked pairs)."""
+    if ACT == SOFTMAX:
+        return softmax_dscores(pt, dpt, gl.expand_dims(aux, 0))
+    else:
+        return aux * dpt
+
+
+@aggregate
+class OnePass:
+    """The one pass's buffers besides the consumer's: the rows' LSE and Delta (RowStats) and dQ's stage (dS^T
+    buffers, and with DqRoute.REDUCE the float32 chunk ring the writer drains)."""
+    stats: RowStats
+    stage: DqStage
+
+    @constexpr_function
+    def __init__(self, stats, stage):
+        self.stats = stats
+        self.stage = stage
+
+
+@gluon.jit
+def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexpr, DIRECT: gl.constexpr):
+    """dkdv_block's MMAs one after another with P^T, then dS^T, in shared memory (the A operands of dV's and
+    dK's MMAs), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end (they would reach
+    dQ)."""
+    BLOCK_M: gl.constexpr = c.shape.BLOCK_M
+    ACT: gl.constexpr = c.shape.ACT
+    WG: gl.constexpr = c.WG
+    grads = c.grads
+    stage = d.stage
+    it = blk.it
+    dtype: gl.constexpr = c.kv_ops.a.dtype
+    k_buf = c.kv_ops.a_block(blk.t, WG)
+    v_buf = c.kv_ops.b_block(blk.t, WG)
+    st_layout: gl.constexpr = mma_layout(BLOCK_M)
+    q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
+    st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
+    q_buf, do_buf = c.qdo.wait(it)
+    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if ACT == SOFTMAX:
+        lse2, delta = d.stats.read(it, q_cols)
+    st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+    if ACT == SOFTMAX:
+        pt = softmax_weights(st, grads.qk_scale, gl.expand_dims(lse2, 0))
+    else:  # f and f' at once (f' kept in place of Delta for dS^T)
+        pt, delta = activation_with_grad(st * grads.qk_scale, ACT, True)
+    if MASKED:
+        offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
+        vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq(), c.batch.rule(),
+                      KEY_MAJOR=True)
+        pt = gl.where(vis, pt, 0.0)
+        if ACT != SOFTMAX:
+            delta = gl.where(vis, delta, 0.0)
+    ds_buf = stage.ds_buffer(it, WG)
+    stage.claim_ds(it)
+    ds_buf.store(pt.to(dtype))
+    fence_async_shared()
+    dv = warpgroup_mma(ds_buf, do_buf, dv, is_async=True)
+    dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
+    dv = done[0]
+    ds_buf.store(_dscores(pt, done[1], delta, ACT).to(dtype))
+    fence_async_shared()
+    stage.publish_ds(it)
+    dk = _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT)
+    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
+    c.qdo.release(it)
+    return dk, dv
+
+
+@gluon.jit
+def _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT: gl.constexpr):
+    """The block's dK MMA (issued, not waited for) and its dQ = dS K: both consumers' dS^T (each over its 64 keys)
+    feed each DQ_COLS-column chunk, computed by its owner (jfa.hopper.dq_reduce) and handed to the writer warp, or
+    with DIRECT, where the item holds every key of its sequence (want_dq), complete, stored by its owner (else the
+    block computes no dQ: the dQ pass does)."""
+    BLOCK_M: gl.constexpr = c.shape.BLOCK_M
+    WG: gl.constexpr = c.WG
+    dtype: gl.constexpr = c.kv_ops.a.dtype
+    grads = c.grads
+    it = blk.it
+    if DIRECT:  # dK first; dQ (if this item has it) after, stored in place: chunk WG, or every other block at D=64
+        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+        if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):
+            C: gl.constexpr = WG if stage.CHUNKS == 2 else 0
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, C, c.kv_ops, stage, BLOCK_M), ))
+            if BLOCK_M < WG_ROWS:  # computed transposed (dq_chunk)
+                dq = gl.permute(dq, (1, 0))
+            store_rows(grads.DQ + blk.head * grads.stride_dqh + C * DQ_COLS, grads.stride_dqt,
+                       (dq * grads.scale).to(dtype), blk.m0, tile.q_start, tile.q_len)
+        stage.free_ds(it)
+    elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
+        dq = dq_chunk(it, blk.t, WG, c.kv_ops, stage, BLOCK_M)
+        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
+        stage.free_ds(it)
+        stage.put(WG, it, dq * grads.scale, BLOCK_M < WG_ROWS)
+    else:  # one chunk: the consumers take the blocks in turn
+        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+        if it % 2 == WG:
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, 0, c.kv_ops, stage, BLOCK_M), ))
+            stage.put(WG, it // 2, dq * grads.scale, BLOCK_M < WG_ROWS)
+        stage.free_ds(it)
+    return dk
