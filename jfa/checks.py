@@ -77,6 +77,10 @@ def check_scale(scale, head_dim):
     return float(scale)
 
 
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != math.inf  # (math.isfinite breaks torch.compile's graph)
+
+
 def check_activation(activation):
     from .variants import ACTIVATIONS
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
@@ -97,7 +101,7 @@ def check_out_scale(out_scale, activation, rows, device):
         if out_scale.device != device:
             raise ValueError(f"out_scale is on {out_scale.device} but q, k, v are on {device}")
         return 1.0, out_scale.detach()
-    if isinstance(out_scale, bool) or not isinstance(out_scale, (int, float)) or not math.isfinite(out_scale):
+    if isinstance(out_scale, bool) or not isinstance(out_scale, (int, float)) or not _finite(out_scale):
         raise TypeError(f"out_scale must be a finite float or a float32 tensor, got {out_scale!r}")
     if activation == "softmax" and out_scale != 1.0:
         raise ValueError("out_scale scales an activation's output; softmax's rows are normalized (use "
