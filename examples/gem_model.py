@@ -55,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--pma-queries", type=int, default=8)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--activation", default="softmax", help="GDPA: an activation in softmax's place in the blocks "
+                                                            "(silu, gelu, gelu_tanh, ...)")
+    p.add_argument("--hstu", action="store_true", help="HSTU layers (causal SiLU attention) in place of the blocks")
     p.add_argument("--compile", action="store_true", help="the model under torch.compile(fullgraph=True)")
     p.add_argument("--plot", default=None, help="save the loss and AUC per step to this PNG (needs matplotlib)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -138,7 +141,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     model = models.GEMModel(args.num_items, d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
                             layers=args.layers, pma_queries=args.pma_queries, max_pos=max(args.max_len, 1),
-                            causal=args.causal, impl=args.attention, backend=args.backend).to(device)
+                            causal=args.causal, impl=args.attention, backend=args.backend,
+                            activation=args.activation, hstu=args.hstu).to(device)
     compile_counts = torch._dynamo.utils.counters["stats"]
     if args.compile:
         model.compile(fullgraph=True)

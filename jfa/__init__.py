@@ -15,7 +15,7 @@ import torch as _torch
 if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from . import nn  # noqa: E402  (layers: jfa.nn.JaggedSelfAttention, JaggedCrossAttention, PMAPooling)
+from . import nn  # noqa: E402  (layers: jfa.nn.JaggedSelfAttention, JaggedCrossAttention, PMAPooling, HSTULayer)
 from .api import broadcast_attention, jagged_attention  # noqa: E402
 from .backends import available_backends  # noqa: E402
 

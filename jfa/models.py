@@ -19,7 +19,7 @@ import heapq
 import torch
 from torch import nn
 
-from .nn import JaggedSelfAttention, PMAPooling
+from .nn import HSTULayer, JaggedSelfAttention, PMAPooling
 from .peers import KERNELS
 
 IMPLS = tuple(KERNELS)
@@ -29,11 +29,12 @@ IMPLS = tuple(KERNELS)
 class JaggedBlock(nn.Module):
     """Pre-norm transformer block over packed histories: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, d_model, heads, kv_heads, causal, attention=None, backend="auto"):
+    def __init__(self, d_model, heads, kv_heads, causal, attention=None, backend="auto", activation="softmax",
+                 out_scale=1.0):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
         self.attn = JaggedSelfAttention(d_model, heads, kv_heads, causal=causal, backend=backend,
-                                        attention=attention)
+                                        attention=attention, activation=activation, out_scale=out_scale)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
@@ -46,10 +47,12 @@ class GEMModel(nn.Module):
     """Click model: item ids ``[T]`` + offsets ``[B+1]`` -> logits ``[B]`` (see module doc).
 
     heads/kv_heads: GQA when kv_heads < heads. pma_queries: the pooling's seeds. impl/backend: the attention.
+    activation: GDPA's, in the transformer blocks' attention (with out_scale 1 / max_pos). hstu: HSTU layers
+    (jfa.nn.HSTULayer, causal SiLU attention) in place of the transformer blocks.
     """
 
     def __init__(self, num_items, d_model=64, heads=4, kv_heads=None, layers=2, pma_queries=4, max_pos=4096,
-                 causal=False, impl="jfa", backend="auto"):
+                 causal=False, impl="jfa", backend="auto", activation="softmax", hstu=False):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
@@ -57,8 +60,13 @@ class GEMModel(nn.Module):
         self.impl, self.max_pos = impl, max_pos
         self.item = nn.Embedding(num_items, d_model)
         self.pos = nn.Embedding(max_pos, d_model)
-        self.blocks = nn.ModuleList(JaggedBlock(d_model, heads, kv_heads, causal, jagged, backend)
-                                    for _ in range(layers))
+        if hstu:
+            self.blocks = nn.ModuleList(HSTULayer(d_model, heads, max_seq_len=max_pos, backend=backend,
+                                                  attention=jagged) for _ in range(layers))
+        else:
+            out_scale = 1.0 if activation == "softmax" else 1.0 / max_pos
+            self.blocks = nn.ModuleList(JaggedBlock(d_model, heads, kv_heads, causal, jagged, backend, activation,
+                                                    out_scale) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
         self.pool = PMAPooling(d_model, heads, pma_queries, kv_heads, backend=backend, attention=broadcast)
         self.head = nn.Sequential(nn.Linear(pma_queries * d_model, d_model), nn.GELU(), nn.Linear(d_model, 1))
@@ -71,7 +79,7 @@ class GEMModel(nn.Module):
         pos = (torch.arange(total, device=items.device) - offsets[:-1][seq]).clamp_(max=self.max_pos - 1)
         x = self.item(items) + self.pos(pos)  # [T, d_model]
         for block in self.blocks:
-            x = block(x, offsets, max_len)
+            x = block(x, offsets, max_len=max_len)
         pooled = self.pool(self.norm(x), offsets, max_len=max_len)  # [B, pma_queries, d_model]
         return self.head(pooled.reshape(batch, -1)).squeeze(-1)
 

@@ -8,11 +8,14 @@
     t = cross(targets, history, t_offsets, h_offsets)   # target items against each user's history
     pool = jfa.nn.PMAPooling(512, 8, num_seeds=4)
     z = pool(x, offsets)                          # [B, 4, 512]: learned seed queries attend each sequence
+    hstu = jfa.nn.HSTULayer(512, 4, max_seq_len=4096)
+    y = hstu(x, offsets)                          # HSTU's block: SiLU attention gated by U, residual
 
 Every layer projects to heads (GQA when ``num_kv_heads < num_heads``), calls jfa's attention and projects back.
 ``max_len`` hints (the longest sequence, a Python int) make a call on CUDA free of host syncs. ``attention``
 swaps the kernel while keeping the layer (a function with the signature of jfa.jagged_attention, or of
-jfa.broadcast_attention for PMAPooling): the end-to-end example measures other kernels that way.
+jfa.broadcast_attention for PMAPooling): the end-to-end example measures other kernels that way. ``activation``
+and ``out_scale`` put an activation in softmax's place (GDPA; jfa.jagged_attention).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import nested
@@ -47,7 +51,8 @@ def _repack(y, offsets, max_len, was_njt):
 class _Heads(nn.Module):
     """What the layers share: head geometry, the query/key/value and output projections' creation and init."""
 
-    def _init_heads(self, embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention):
+    def _init_heads(self, embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention,
+                    activation="softmax", out_scale=1.0):
         num_kv_heads = num_kv_heads or num_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
@@ -59,6 +64,11 @@ class _Heads(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, num_kv_heads, head_dim
         self.scale, self.backend = scale, backend
         self.attention = attention
+        self.activation, self.out_scale = activation, out_scale
+
+    def _score(self) -> dict:
+        """The attention call's score arguments (left out for softmax: a swapped-in kernel need not take them)."""
+        return {} if self.activation == "softmax" else dict(activation=self.activation, out_scale=self.out_scale)
 
     def _heads(self, x, heads):
         return x.unflatten(-1, (heads, self.head_dim))
@@ -72,6 +82,8 @@ class _Heads(nn.Module):
         s = f"{self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
         if self.scale is not None:
             s += f", scale={self.scale}"
+        if self.activation != "softmax":
+            s += f", activation={self.activation!r}, out_scale={self.out_scale}"
         return s + (f", backend={self.backend!r}" if self.attention is None else ", attention=custom")
 
 
@@ -84,14 +96,17 @@ class JaggedSelfAttention(_Heads):
         causal, window: the mask of jfa.jagged_attention (key j visible to query i when i - left <= j <= i + right).
         bias: biases in the projections. fused_qkv: one Linear for q, k and v (``qkv_proj``), else three
             (``q_proj``, ``k_proj``, ``v_proj``). scale: default 1/sqrt(head_dim).
+        activation, out_scale: softmax, or an activation in its place with its output scale (a float).
         backend: jfa's backend ("auto"). attention: another kernel with jfa.jagged_attention's signature.
     Shapes: x ``[T, embed_dim]`` with offsets ``[B+1]``, or an NJT ``[B, j, embed_dim]``; the output is the same.
     """
 
     def __init__(self, embed_dim, num_heads, num_kv_heads=None, *, head_dim=None, causal=False, window=(-1, -1),
-                 bias=True, fused_qkv=True, scale=None, backend="auto", attention=None, device=None, dtype=None):
+                 bias=True, fused_qkv=True, scale=None, activation="softmax", out_scale=1.0, backend="auto",
+                 attention=None, device=None, dtype=None):
         super().__init__()
-        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention)
+        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention, activation,
+                         out_scale)
         self.causal, self.window, self.fused_qkv = causal, tuple(window), fused_qkv
         kw = dict(bias=bias, device=device, dtype=dtype)
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -113,7 +128,7 @@ class JaggedSelfAttention(_Heads):
         attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
         out = attend(self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads),
                      self._heads(v, self.num_kv_heads), offsets, max_q_len=max_len, max_kv_len=max_len,
-                     causal=self.causal, window=self.window, scale=self.scale)
+                     causal=self.causal, window=self.window, scale=self.scale, **self._score())
         return _repack(self.out_proj(out.flatten(-2)), offsets, max_len, was_njt)
 
     def extra_repr(self):
@@ -131,9 +146,11 @@ class JaggedCrossAttention(_Heads):
     """
 
     def __init__(self, embed_dim, num_heads, num_kv_heads=None, *, kdim=None, head_dim=None, causal=False,
-                 window=(-1, -1), bias=True, scale=None, backend="auto", attention=None, device=None, dtype=None):
+                 window=(-1, -1), bias=True, scale=None, activation="softmax", out_scale=1.0, backend="auto",
+                 attention=None, device=None, dtype=None):
         super().__init__()
-        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention)
+        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention, activation,
+                         out_scale)
         self.kdim, self.causal, self.window = kdim or embed_dim, causal, tuple(window)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.q_proj = nn.Linear(embed_dim, self.num_heads * self.head_dim, **kw)
@@ -147,7 +164,7 @@ class JaggedCrossAttention(_Heads):
         attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
         out = attend(self._heads(self.q_proj(q_values), self.num_heads), k, v, q_offsets, kv_offsets,
                      max_q_len=max_q_len, max_kv_len=max_kv_len, causal=self.causal, window=self.window,
-                     scale=self.scale)
+                     scale=self.scale, **self._score())
         return _repack(self.out_proj(out.flatten(-2)), q_offsets, max_q_len, was_njt)
 
     def extra_repr(self):
@@ -164,9 +181,11 @@ class PMAPooling(_Heads):
     """
 
     def __init__(self, embed_dim, num_heads, num_seeds, num_kv_heads=None, *, kdim=None, head_dim=None, bias=True,
-                 scale=None, backend="auto", attention=None, device=None, dtype=None):
+                 scale=None, activation="softmax", out_scale=1.0, backend="auto", attention=None, device=None,
+                 dtype=None):
         super().__init__()
-        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention)
+        self._init_heads(embed_dim, num_heads, num_kv_heads, head_dim, scale, backend, attention, activation,
+                         out_scale)
         self.num_seeds, self.kdim = num_seeds, kdim or embed_dim
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.seeds = nn.Parameter(torch.empty(num_seeds, self.num_heads, self.head_dim, device=device, dtype=dtype))
@@ -182,11 +201,66 @@ class PMAPooling(_Heads):
         values, offsets, max_len, _ = _unpack(x, offsets, max_len)
         k, v = self._heads(self.kv_proj(values), 2 * self.num_kv_heads).chunk(2, dim=-2)
         attend = self.attention or functools.partial(broadcast_attention, backend=self.backend)
-        out = attend(self.seeds.to(k.dtype), k, v, offsets, max_kv_len=max_len, scale=self.scale)
+        out = attend(self.seeds.to(k.dtype), k, v, offsets, max_kv_len=max_len, scale=self.scale, **self._score())
         return self.out_proj(out.flatten(-2))  # [B, num_seeds, embed_dim]
 
     def extra_repr(self):
         return f"{self._extra()}, num_seeds={self.num_seeds}, kdim={self.kdim}"
 
 
-__all__ = ["JaggedSelfAttention", "JaggedCrossAttention", "PMAPooling"]
+class HSTULayer(nn.Module):
+    """The HSTU block of generative recommenders (Zhai et al. 2024) over packed histories:
+
+        U, V, Q, K = split(silu(uvqk(norm(x))))                       per head: U, V [head_dim], Q, K [attn_dim]
+        A = sum_j silu(scale q_i . k_j) v_j / N over the visible keys  jfa.jagged_attention(activation="silu")
+        y = x + out_proj(attn_norm(A) * U)
+
+    Args:
+        embed_dim, num_heads; head_dim: U and V's width per head (default embed_dim // num_heads); attn_dim: Q and
+            K's (default head_dim); causal (HSTU's default), window.
+        max_seq_len: N, the out scale's 1/N (HSTU divides by the longest sequence the model takes); None: the
+            batch's longest (max_len, or read from the offsets: one host sync).
+        scale: of q . k (default 1/sqrt(attn_dim)). backend, attention: as JaggedSelfAttention.
+    Shapes: x ``[T, embed_dim]`` with offsets ``[B+1]``, or an NJT ``[B, j, embed_dim]``; the output is the same.
+    """
+
+    def __init__(self, embed_dim, num_heads, *, head_dim=None, attn_dim=None, causal=True, window=(-1, -1),
+                 max_seq_len=None, scale=None, bias=True, backend="auto", attention=None, device=None, dtype=None):
+        super().__init__()
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(f"embed_dim ({embed_dim}) is not a multiple of num_heads ({num_heads}): pass "
+                                 f"head_dim")
+            head_dim = embed_dim // num_heads
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
+        self.attn_dim = attn_dim or head_dim
+        self.causal, self.window, self.max_seq_len, self.scale = causal, tuple(window), max_seq_len, scale
+        self.backend, self.attention = backend, attention
+        kw = dict(device=device, dtype=dtype)
+        self.norm = nn.LayerNorm(embed_dim, **kw)
+        self.uvqk = nn.Linear(embed_dim, num_heads * (2 * head_dim + 2 * self.attn_dim), bias=bias, **kw)
+        self.attn_norm = nn.LayerNorm(num_heads * head_dim, **kw)
+        self.out_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
+
+    def reset_parameters(self):
+        for m in self.children():
+            m.reset_parameters()
+
+    def forward(self, x, offsets=None, *, max_len=None):
+        values, offsets, max_len, was_njt = _unpack(x, offsets, max_len)
+        width_v, width_qk = self.num_heads * self.head_dim, self.num_heads * self.attn_dim
+        u, v, q, k = F.silu(self.uvqk(self.norm(values))).split((width_v, width_v, width_qk, width_qk), dim=-1)
+        n = self.max_seq_len or max_len or int((offsets[1:] - offsets[:-1]).max().clamp(min=1))
+        attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
+        heads = functools.partial(torch.Tensor.unflatten, dim=-1, sizes=(self.num_heads, -1))
+        a = attend(heads(q), heads(k), heads(v), offsets, max_q_len=max_len, max_kv_len=max_len, causal=self.causal,
+                   window=self.window, scale=self.scale, activation="silu", out_scale=1.0 / n)
+        y = values + self.out_proj(self.attn_norm(a.flatten(-2)) * u)
+        return _repack(y, offsets, max_len, was_njt)
+
+    def extra_repr(self):
+        return (f"{self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, attn_dim={self.attn_dim}, "
+                f"causal={self.causal}, max_seq_len={self.max_seq_len}")
+
+
+__all__ = ["JaggedSelfAttention", "JaggedCrossAttention", "PMAPooling", "HSTULayer"]

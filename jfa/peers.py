@@ -5,7 +5,10 @@ imported when called.
 
   fa2_attention      torch.nn.attention.varlen.varlen_attn (FlashAttention 2 inside PyTorch; CUDA)
   fa4_attention      flash_attn.cute.flash_attn_varlen_func (flash-attn-4, its sm90 path on Hopper; when installed)
-  PaddedSDPA         F.scaled_dot_product_attention on [B, H, L, D] copies with a boolean mask (any device)
+  PaddedSDPA         F.scaled_dot_product_attention on [B, H, L, D] copies with a boolean mask (any device); with
+                     an activation, the same formula written out in PyTorch (eager, or compiled: torch.compile)
+  hstu_attention     HSTU's Triton kernel (meta-recsys/generative-recommenders, when importable: scripts/carry_hstu.sh)
+                     for silu attention, causal, with a 1 / N out scale
   broadcast_of(f)    broadcast q for a kernel that has no such mode: q repeated per sequence (timed with it)
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 
 from .jagged import causal_window, pair_mask
 from .nested import from_padded, to_padded
+from .reference import ACTIVATIONS
 
 
 def _max_len(offsets, max_len):
@@ -63,12 +67,27 @@ def fa4_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv
     return out[0] if isinstance(out, tuple) else out
 
 
-class PaddedSDPA:
-    """Dense SDPA over padded copies: made once per batch (the mask, from jfa.jagged's rule, bottom-right aligned),
-    called per layer with packed q, k, v -> packed out. A row that sees no key sees key 0 instead (SDPA would give
-    NaN); jfa gives 0 there."""
+def padded_formula(q, k, v, mask, scale, activation, out_scale):
+    """An activation's attention as users write it in PyTorch: [B, H, L, D] operands, a [B, 1, Lq, Lk] mask."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    p = ACTIVATIONS[activation][0](s).masked_fill(~mask, 0.0)
+    out = torch.matmul(p.to(v.dtype), v)
+    return out * out_scale
 
-    def __init__(self, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False, window=(-1, -1)):
+
+@functools.lru_cache(maxsize=None)
+def _compiled_formula():
+    return torch.compile(padded_formula, dynamic=False)
+
+
+class PaddedSDPA:
+    """Dense attention over padded copies: made once per batch (the mask, from jfa.jagged's rule, bottom-right
+    aligned), called per layer with packed q, k, v -> packed out. Softmax by F.scaled_dot_product_attention (a row
+    that sees no key sees key 0 instead: SDPA would give NaN; jfa gives 0 there); an activation by padded_formula,
+    compiled with torch.compile when compiled=True. GQA repeats k and v per query head for the formula."""
+
+    def __init__(self, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False, window=(-1, -1),
+                 activation="softmax", out_scale=1.0, compiled=False):
         self.q_offsets = q_offsets
         self.kv_offsets = q_offsets if kv_offsets is None else kv_offsets
         self.lq, self.lk = _max_len(q_offsets, max_q_len), _max_len(self.kv_offsets, max_kv_len)
@@ -78,22 +97,60 @@ class PaddedSDPA:
         i = torch.arange(self.lq, device=device).view(1, self.lq, 1)
         j = torch.arange(self.lk, device=device).view(1, 1, self.lk)
         mask = pair_mask(i, j, self.q_lens.view(-1, 1, 1), self.kv_lens.view(-1, 1, 1), *causal_window(causal, window))
-        self.mask = (mask | (~mask.any(-1, keepdim=True) & (j == 0))).unsqueeze(1)  # [B, 1, Lq, Lk]
+        if activation == "softmax":
+            mask = mask | (~mask.any(-1, keepdim=True) & (j == 0))
+        self.mask = mask.unsqueeze(1)  # [B, 1, Lq, Lk]
+        self.activation, self.out_scale, self.compiled = activation, out_scale, compiled
+        if isinstance(out_scale, torch.Tensor):  # per output row: to the padded layout [B, 1, Lq, 1]
+            self.out_scale = to_padded(out_scale.view(-1, 1), q_offsets, self.lq)[0].view(-1, 1, self.lq, 1)
 
     def __call__(self, q, k, v, scale=None):
         qp, _ = to_padded(q, self.q_offsets, self.lq)
         kp, _ = to_padded(k, self.kv_offsets, self.lk)
         vp, _ = to_padded(v, self.kv_offsets, self.lk)
-        out = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2),
-                                             attn_mask=self.mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        qp, kp, vp = qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2)
+        if self.activation == "softmax":
+            out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=self.mask, scale=scale,
+                                                 enable_gqa=q.shape[1] != k.shape[1])
+        else:
+            group = q.shape[1] // k.shape[1]
+            kp, vp = (x.repeat_interleave(group, dim=1) if group > 1 else x for x in (kp, vp))
+            formula = _compiled_formula() if self.compiled else padded_formula
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            out = formula(qp, kp, vp, self.mask, scale, self.activation, self.out_scale)
         return from_padded(out.transpose(1, 2), self.q_lens)[0]
 
 
 def padded_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                     window=(-1, -1), scale=None):
+                     window=(-1, -1), scale=None, activation="softmax", out_scale=1.0):
     """PaddedSDPA made and called at once: a model's layer without a jagged kernel."""
     return PaddedSDPA(q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len, causal=causal,
-                      window=window)(q, k, v, scale)
+                      window=window, activation=activation, out_scale=out_scale)(q, k, v, scale)
+
+
+def hstu_available() -> str | None:
+    """None, or why HSTU's Triton kernel cannot be imported here."""
+    try:
+        import generative_recommenders.ops.triton.triton_hstu_attention  # noqa: F401
+    except Exception as e:  # ImportError, or an incompatible triton
+        return f"{type(e).__name__}: {str(e)[:120]} (scripts/carry_hstu.sh)"
+    return None
+
+
+def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                   window=(-1, -1), scale=None, activation="softmax", out_scale=1.0):
+    """HSTU's kernel: self-attention only, causal, silu with out_scale 1 / N (N an int); window (W, 0) is its
+    max_attn_len. Its own GQA has none: k and v are repeated per query head."""
+    from generative_recommenders.ops.triton.triton_hstu_attention import triton_hstu_mha
+    left, right = causal_window(causal, window)
+    n = round(1.0 / out_scale) if not isinstance(out_scale, torch.Tensor) else 0
+    if (kv_offsets is not None and kv_offsets is not q_offsets) or right != 0 or activation != "silu" or n <= 0 or \
+            abs(n * out_scale - 1.0) > 1e-6:
+        raise ValueError("HSTU's kernel takes causal silu self-attention with out_scale 1 / N")
+    if q.shape[1] != k.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), None, max(left, 0), 0)
 
 
 def broadcast_rows(q, kv_offsets):
@@ -105,10 +162,10 @@ def broadcast_rows(q, kv_offsets):
 
 def broadcast_of(attention):
     """jfa.broadcast_attention's signature over a jagged kernel: q repeated per sequence (timed with it)."""
-    def broadcast(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None):
+    def broadcast(q, k, v, kv_offsets, *, max_kv_len=None, causal=False, window=(-1, -1), scale=None, **score):
         rows, q_offsets = broadcast_rows(q, kv_offsets)
         out = attention(rows, k, v, q_offsets, kv_offsets, max_q_len=q.shape[0], max_kv_len=max_kv_len,
-                        causal=causal, window=window, scale=scale)
+                        causal=causal, window=window, scale=scale, **score)
         return out.view(kv_offsets.numel() - 1, q.shape[0], q.shape[1], q.shape[2])
     return broadcast
 
@@ -118,4 +175,5 @@ KERNELS = {  # impl -> (jagged attention, broadcast attention) for jfa.nn's `att
     "fa2": (fa2_attention, broadcast_of(fa2_attention)),
     "fa4": (fa4_attention, broadcast_of(fa4_attention)),
     "padded": (padded_attention, broadcast_of(padded_attention)),
+    "hstu": (hstu_attention, None),
 }

@@ -217,13 +217,17 @@ def test_compile_njt_inputs_no_recompile():
 
 
 # -------------------------------------------------------------------------------------------------- model
-@pytest.mark.parametrize("causal,kv_heads", [(False, None), (True, 1)], ids=["full", "causal-gqa"])
-def test_model_jfa_matches_padded_sdpa(causal, kv_heads):
+@pytest.mark.parametrize("causal,kv_heads,kw", [(False, None, {}), (True, 1, {}),
+                                                (True, 1, dict(activation="gelu_tanh")), (True, None, dict(hstu=True))],
+                         ids=["full", "causal-gqa", "gdpa", "hstu"])
+def test_model_jfa_matches_padded_sdpa(causal, kv_heads, kw):
+    """The model with jfa's attention and with the padded PyTorch layers (SDPA, or an activation's formula) in the
+    same places: the same logits and gradients; GDPA attention and HSTU layers too."""
     items, off, _ = models.synthetic_batch(6, 24, 50, torch.Generator().manual_seed(1))
     torch.manual_seed(0)
     a = models.GEMModel(50, d_model=16, heads=2, kv_heads=kv_heads, layers=2, causal=causal, impl="jfa",
-                        backend=REF)
-    b = models.GEMModel(50, d_model=16, heads=2, kv_heads=kv_heads, layers=2, causal=causal, impl="padded")
+                        backend=REF, **kw)
+    b = models.GEMModel(50, d_model=16, heads=2, kv_heads=kv_heads, layers=2, causal=causal, impl="padded", **kw)
     b.load_state_dict(a.state_dict())
     out_a, out_b = a(items, off), b(items, off)
     torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-5)

@@ -117,3 +117,43 @@ def test_torch_nn_conventions():
         jfa.nn.JaggedSelfAttention(16, 4, 3)
     with pytest.raises(ValueError, match="needs its offsets"):
         layer(torch.randn(3, 16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (True, (6, -1)), (False, (-1, -1))],
+                         ids=["causal", "causal-window", "full"])
+def test_hstu_layer_matches_by_hand(causal, window):
+    """jfa.nn.HSTULayer against the HSTU block written out with the reference's SiLU attention: U, V, Q, K =
+    split(silu(uvqk(norm(x)))), A = silu(scale q . k) v / N over the visible keys, x + out_proj(norm(A) * U)."""
+    torch.manual_seed(0)
+    layer = jfa.nn.HSTULayer(64, 4, attn_dim=16, causal=causal, window=window, max_seq_len=40, backend="triton")
+    off = offsets_of(LENS)
+    x = torch.randn(int(off[-1]), 64)
+    left, right = resolve_window(causal, window)
+
+    def by_hand(p, x, off):
+        h = F.layer_norm(x, (64, ), p["norm.weight"], p["norm.bias"])
+        u, v, q, k = F.silu(F.linear(h, p["uvqk.weight"], p["uvqk.bias"])).split((64, 64, 64, 64), -1)
+        a, _ = reference.attention(_heads(q, 4), _heads(k, 4), _heads(v, 4), off, off, scale=1 / math.sqrt(16),
+                                   left=left, right=right, compute_dtype=torch.float64, activation="silu",
+                                   out_scale=1 / 40)
+        a = F.layer_norm(a.flatten(-2), (64, ), p["attn_norm.weight"], p["attn_norm.bias"])
+        return x + F.linear(a * u, p["out_proj.weight"], p["out_proj.bias"])
+    _check(layer, by_hand, x, off)
+
+
+def test_layers_take_an_activation():
+    """GDPA in the attention layers: the self-attention layer with gelu_tanh and an out scale, as by hand."""
+    torch.manual_seed(1)
+    layer = jfa.nn.JaggedSelfAttention(32, 2, causal=True, activation="gelu_tanh", out_scale=0.25, backend="triton")
+    off = offsets_of(LENS)
+    x = torch.randn(int(off[-1]), 32)
+
+    def by_hand(p, x, off):
+        q, k, v = F.linear(x, p["qkv_proj.weight"], p["qkv_proj.bias"]).split((32, 32, 32), -1)
+        left, right = resolve_window(True, (-1, -1))
+        out, _ = reference.attention(_heads(q, 2), _heads(k, 2), _heads(v, 2), off, off, scale=1 / 4, left=left,
+                                     right=right, compute_dtype=torch.float64, activation="gelu_tanh",
+                                     out_scale=0.25)
+        return F.linear(out.flatten(-2), p["out_proj.weight"], p["out_proj.bias"])
+    _check(layer, by_hand, x, off)
+    assert "activation='gelu_tanh'" in repr(layer)
