@@ -58,7 +58,13 @@ HOPPER_WGMMA = {("hopper_fwd", 64): 24, ("hopper_fwd", 128): 64, ("hopper_dkdv",
 # The one-pass backward (hopper_bwd) spills too: at D=64 the 1-warp producer (24 registers) around its LSE/Delta
 # loads, at D=128 the consumers' loop scalars (dK, dV, dQ accumulators and S^T take 160 of 240 registers).
 HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 50, ("hopper_bwd", 128): 810,
-                       ("hopper_bwd", 128, "short-q"): 90, ("hopper_dkdv_dq", 64): 80, ("hopper_dkdv_dq", 128): 180}
+                       ("hopper_bwd", 128, "short-q"): 90, ("hopper_dkdv_dq", 64): 80, ("hopper_dkdv_dq", 128): 180,
+                       # an activation keeps f'(x) in place of softmax's Delta (jfa.variants): what they compile to
+                       ("hopper_bwd", 64, "silu"): 48, ("hopper_dkdv_dq", 64, "silu"): 88, ("hopper_dq", 64, "silu"): 68,
+                       ("hopper_dkdv", 128, "silu"): 76, ("hopper_bwd", 128, "silu"): 572,
+                       ("hopper_dkdv_dq", 128, "silu"): 288, ("hopper_bwd", 64, "gelu_tanh"): 60,
+                       ("hopper_dkdv_dq", 64, "gelu_tanh"): 96, ("hopper_dkdv", 128, "gelu_tanh"): 260,
+                       ("hopper_bwd", 128, "gelu_tanh"): 436, ("hopper_dkdv_dq", 128, "gelu_tanh"): 288}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +86,14 @@ for d in (64, 128):
                 passes += [("short-q", compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.REDUCE, 32)))]
             passes += [("", compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.DIRECT))),
                        ("skip", compile_dq(d, torch.bfloat16, False, skip_kv=128))]
+        if not broadcast:  # the activations' forms (jfa.variants): HSTU's silu and GDPA's gelu_tanh
+            for act in ("silu", "gelu_tanh"):
+                passes += [(act, compile_fwd(d, torch.bfloat16, False, activation=act)),
+                           (act + "-short-tile", compile_fwd(d, torch.bfloat16, False, select_fwd(d, 64), act)),
+                           (act, compile_dkdv(d, torch.bfloat16, False, activation=act)),
+                           (act, compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.REDUCE), act)),
+                           (act, compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.DIRECT), act)),
+                           (act, compile_dq(d, torch.bfloat16, False, activation=act))]
         for form, r in forms + passes:
             rows.append(dict(kernel=r.kernel, form=form, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
                              vec_stores=r.ptx.count("st.global.v4"),
@@ -104,7 +118,8 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
                                                      "hopper_dkdv_dq"}
     for r in hopper_reports:
         key = (r["kernel"], r["d"])
-        assert r["wgmma"] == HOPPER_WGMMA.get(key + (r["form"], ), HOPPER_WGMMA[key]) and r["tma"] > 0, r
+        wgmma_form = "short-tile" if r["form"].endswith("short-tile") else r["form"]
+        assert r["wgmma"] == HOPPER_WGMMA.get(key + (wgmma_form, ), HOPPER_WGMMA[key]) and r["tma"] > 0, r
         assert r["regs"] <= 255, r
         assert r["spill"] <= HOPPER_SPILL_BUDGET.get(key + (r["form"], ), HOPPER_SPILL_BUDGET.get(key, 0)), r
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"
@@ -126,7 +141,8 @@ def test_hopper_direct_dq_is_stored_in_16_byte_pieces(hopper_reports):
 def test_hopper_forward_for_short_sequences_stores_o_in_16_byte_pieces(hopper_reports):
     """At D=128 the forward has three forms by mean key length (jfa.hopper.config.select_fwd); the short ones (2 K/V
     stages) store O in 16-byte vectors, the long one (3 stages) has no room for the layout conversion."""
-    fwd128 = [r for r in hopper_reports if r["kernel"] == "hopper_fwd" and r["d"] == 128]
+    fwd128 = [r for r in hopper_reports if r["kernel"] == "hopper_fwd" and r["d"] == 128
+              and r["form"] in ("long", "short", "short-tile")]
     assert len(fwd128) == 6 and all((r["vec_stores"] > 0) == (r["form"] != "long") for r in fwd128), fwd128
 
 

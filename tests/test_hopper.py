@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import jfa
+import jfa.variants
 from jfa import hopper
 from jfa.hopper import config
 from jfa.testing import GPU_MODES, case_problem, compare, make_case, run_backend, run_kernels
@@ -197,3 +198,60 @@ def test_hopper_backward_reuses_the_forward_schedule():
     before = [e[2] for e in CACHE.entries.values()]
     run_backend(case, "hopper")
     assert [e[2] for e in CACHE.entries.values()] == before
+
+
+ACTIVATIONS = [a for a in jfa.variants.ACTIVATIONS if a != "softmax"]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_hopper_activations(activation, mode):
+    """Every activation in softmax's place, every mode, D=128 bf16, forward and backward against the float64
+    formula: a constant out scale, and a per-row one in the GQA and broadcast modes."""
+    case = make_case(**dict(dict(hq=4, hkv=4), **MODES[mode]), d=128, dtype=torch.bfloat16, device="cuda", seed=11,
+                     activation=activation, out_scale="rows" if "gqa" in mode or mode == "broadcast" else 1 / 256)
+    out, lse, grads = run_backend(case, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mode", ["causal", "cross", "broadcast-causal-gqa", "window"])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "identity"])
+def test_hopper_activations_d64(activation, mode, dtype):
+    case = make_case(**dict(dict(hq=4, hkv=4), **MODES[mode]), d=64, dtype=dtype, device="cuda", seed=12,
+                     activation=activation, out_scale=0.01)
+    out, lse, grads = run_backend(case, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("form", list(FWD_FORMS))
+@pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
+@pytest.mark.parametrize("mode", ["causal", "gqa", "broadcast"])
+def test_hopper_activation_forms(mode, route, form):
+    """silu through every forward form and every dQ route (handed in), as the softmax tests do."""
+    if route == config.DqRoute.DIRECT and MODES[mode].get("broadcast_lq"):
+        pytest.skip("broadcast q never takes the direct route")
+    cfg, plan = FWD_FORMS[form], _plan(route, 128)
+    case = make_case(**dict(dict(hq=4, hkv=4), **MODES[mode]), d=128, dtype=torch.bfloat16, device="cuda",
+                     seed=13, activation="silu", out_scale=1 / 128)
+    out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
+                                  lambda *args: hopper.backward(*args, plan=plan), "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+def test_hopper_activation_deterministic_and_short_q():
+    """deterministic=True: the same bits twice; and the one pass's 32-row blocks with an activation."""
+    case = make_case(**MODES["broadcast-causal-gqa"], d=128, dtype=torch.bfloat16, device="cuda", seed=3,
+                     activation="gelu_tanh")
+    first, again = (run_backend(case, "hopper", deterministic=True) for _ in range(2))
+    for a, b in zip((first[0], *first[2]), (again[0], *again[2])):
+        assert torch.equal(a, b)
+    plan = _plan(config.DqRoute.REDUCE, 128, mean_q_len=config.SHORT_Q)
+    case = make_case(**dict(MODES["cross"], hq=4, hkv=2), d=128, dtype=torch.bfloat16, device="cuda", seed=4,
+                     activation="silu", out_scale=0.1)
+    out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=plan), "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)

@@ -10,10 +10,15 @@ can cache (FlexAttention's block mask) happens in ``build`` and is reported in `
 
   jfa-<backend>  every backend of jfa.backends.BACKENDS that takes the device, head dim and dtype
   jfa            backend="auto"
+  jfa-softmax    jfa with softmax on an activation workload's shape: the speed an activation is held to (not a peer)
   fa2            torch.nn.attention.varlen.varlen_attn (FlashAttention 2 inside PyTorch)
   fa4            flash_attn.cute.flash_attn_varlen_func (flash-attn-4), when it imports
   flex           torch.compile(flex_attention) with a document-id block mask
-  sdpa-padded    dense scaled_dot_product_attention on [B, H, Lmax, D] with a boolean mask
+  sdpa-padded    dense scaled_dot_product_attention on [B, H, Lmax, D] with a boolean mask; with an activation,
+                 its formula written out in PyTorch on the same padded tensors (jfa.peers.PaddedSDPA)
+  compiled-padded  the same formula under torch.compile (activation workloads)
+  hstu           HSTU's Triton kernel (jfa.peers.hstu_attention: causal silu self-attention, out scale 1 / N)
+The FlashAttention peers and Flex compute softmax only: they skip activation workloads.
 """
 from __future__ import annotations
 
@@ -39,7 +44,9 @@ def _expand_q(inp: Inputs):
     return peers.broadcast_rows(inp.q, inp.kv_offsets)[0] if inp.workload.broadcast else inp.q
 
 
-def _peer_checks(inp: Inputs, need_cuda=True):
+def _peer_checks(inp: Inputs, need_cuda=True, softmax_only=False):
+    if softmax_only and inp.workload.activation != "softmax":
+        return f"softmax attention only (this workload's score is {inp.workload.activation})"
     if need_cuda and inp.q.device.type != "cuda":
         return "needs a CUDA device"
     if inp.q.dtype not in (torch.float16, torch.bfloat16):
@@ -79,20 +86,40 @@ class Jfa(Provider):
     def build(self, inp):
         w = inp.workload
         # Both max lengths given: no host sync inside the timed region (the offsets are trusted).
+        score = self.score(inp)
         if w.broadcast:
             def call(q_offsets, kv_offsets):
                 out = jfa.broadcast_attention(inp.q, inp.k, inp.v, kv_offsets, max_kv_len=inp.max_kv,
-                                              window=inp.window, backend=self.backend)
+                                              backend=self.backend, **score)
                 return out.view(-1, out.shape[2], out.shape[3])
         else:
             def call(q_offsets, kv_offsets):
                 kv_offsets = None if kv_offsets is q_offsets else kv_offsets  # self-attention, as users call it
                 return jfa.jagged_attention(inp.q, inp.k, inp.v, q_offsets, kv_offsets, max_q_len=inp.max_q,
-                                            max_kv_len=inp.max_kv, window=inp.window, backend=self.backend)
+                                            max_kv_len=inp.max_kv, backend=self.backend, **score)
         extras = {}
         if inp.q.device.type == "cuda":
             extras["new_offsets_ms"] = _new_offsets_ms(call, inp)
         return (lambda: call(inp.q_offsets, inp.kv_offsets)), extras
+
+    def score(self, inp):
+        return inp.score()
+
+
+class JfaSoftmax(Jfa):
+    """jfa (auto) with softmax on an activation workload's shape: the speed an activation is held to. Its output
+    is softmax attention's, so the correctness gate holds it to the softmax reference (check_as_softmax)."""
+    check_as_softmax = True
+
+    def __init__(self):
+        super().__init__("auto")
+        self.name = "jfa-softmax"
+
+    def skip_reason(self, inp):
+        return "a softmax workload: jfa itself" if inp.workload.activation == "softmax" else None
+
+    def score(self, inp):
+        return dict(window=inp.window)
 
 
 def _new_offsets_ms(call, inp, reps: int = 7) -> float:
@@ -132,7 +159,7 @@ class TorchVarlen(Provider):
             return f"varlen_attn of torch {torch.__version__} takes no window_size"
         if inp.workload.head_dim > 256 or inp.workload.head_dim % 8:
             return f"head dim {inp.workload.head_dim} not supported by FA2"
-        return _peer_checks(inp)
+        return _peer_checks(inp, softmax_only=True)
 
     def build(self, inp):
         w = inp.workload
@@ -156,7 +183,7 @@ class FA4(Provider):
             import flash_attn.cute  # noqa: F401
         except Exception as e:  # ImportError, or a broken CUDA/DSL install
             return f"flash_attn.cute does not import ({type(e).__name__}: {str(e)[:120]}); see scripts/fetch_fa4.sh"
-        return _peer_checks(inp)
+        return _peer_checks(inp, softmax_only=True)
 
     def build(self, inp):
         def fn():
@@ -201,7 +228,7 @@ class Flex(Provider):
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
         except ImportError as e:
             return f"no FlexAttention in torch {torch.__version__} ({e})"
-        return _peer_checks(inp)
+        return _peer_checks(inp, softmax_only=True)
 
     def build(self, inp):
         from torch.nn.attention.flex_attention import create_block_mask
@@ -245,18 +272,22 @@ class Flex(Provider):
 
 def sdpa_padded_bytes(inp: Inputs) -> int:
     """Rough peak bytes of the padded SDPA baseline: padded q/k/v/out and their grads, the mask, and on the
-    CPU (math kernel) the fp32 score matrices."""
+    CPU (math kernel) or for an activation's formula the score matrices (scores, weights and their gradients)."""
     w, b = inp.workload, inp.batch
     elt = inp.q.element_size()
     padded = b * (inp.max_q * w.heads_q + 2 * inp.max_kv * w.heads_kv) * w.head_dim * elt * 3
     mask = b * inp.max_q * inp.max_kv * 3
-    scores = b * w.heads_q * inp.max_q * inp.max_kv * 4 * 3 if inp.q.device.type == "cpu" else 0
+    scores = 0
+    if inp.q.device.type == "cpu" or w.activation != "softmax":
+        scores = b * w.heads_q * inp.max_q * inp.max_kv * 4 * 3
     return padded + mask + scores
 
 
 class SdpaPadded(Provider):
-    """The dense baseline: pad to [B, H, Lmax, D], run scaled_dot_product_attention with a boolean mask."""
+    """The dense baseline: pad to [B, H, Lmax, D], run scaled_dot_product_attention with a boolean mask (an
+    activation: its formula in PyTorch; compiled: under torch.compile)."""
     name = "sdpa-padded"
+    compiled = False
 
     def skip_reason(self, inp):
         need = sdpa_padded_bytes(inp)
@@ -272,17 +303,52 @@ class SdpaPadded(Provider):
     def build(self, inp):
         """The mask is made once per batch (jfa.peers.PaddedSDPA: as a model's layers would share it); padding q,
         k, v is timed."""
+        w = inp.workload
         padded = peers.PaddedSDPA(inp.q_offsets, inp.kv_offsets, max_q_len=inp.max_q, max_kv_len=inp.max_kv,
-                                  window=inp.window)
+                                  window=inp.window, activation=w.activation, out_scale=w.out_scale,
+                                  compiled=self.compiled)
 
         def fn():
             return padded(_expand_q(inp), inp.k, inp.v, inp.scale)
         return fn, {}
 
 
+class CompiledPadded(SdpaPadded):
+    """An activation's formula on padded tensors under torch.compile: what its users write today, compiled."""
+    name = "compiled-padded"
+    compiled = True
+
+    def skip_reason(self, inp):
+        if inp.workload.activation == "softmax":
+            return "activation workloads only (softmax: sdpa-padded)"
+        return super().skip_reason(inp)
+
+
+class HSTU(Provider):
+    """HSTU's Triton kernel (meta-recsys/generative-recommenders), called as its users call it (triton_hstu_mha)."""
+    name = "hstu"
+
+    def skip_reason(self, inp):
+        w = inp.workload
+        if w.mode != "self" or w.activation != "silu" or inp.window[1] != 0 or w.out_scale <= 0 or \
+                abs(round(1 / w.out_scale) * w.out_scale - 1) > 1e-6:
+            return "HSTU's kernel takes causal silu self-attention with out_scale 1 / N only"
+        return peers.hstu_available() or _peer_checks(inp)
+
+    def build(self, inp):
+        w = inp.workload
+
+        def fn():
+            return peers.hstu_attention(inp.q, inp.k, inp.v, inp.q_offsets, max_q_len=inp.max_q,
+                                        max_kv_len=inp.max_kv, window=inp.window, scale=inp.scale,
+                                        activation=w.activation, out_scale=w.out_scale)
+        return fn, {"note": "k, v repeated per q head (no GQA)"} if w.heads_q != w.heads_kv else {}
+
+
 def all_providers() -> list[Provider]:
-    """jfa (auto), one jfa-<backend> per registered backend, then the peers."""
-    return [Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [TorchVarlen(), FA4(), Flex(), SdpaPadded()]
+    """jfa (auto), one jfa-<backend> per registered backend, jfa-softmax, then the peers."""
+    return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax()]
+            + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU()])
 
 
 def select(names: str | None) -> list[Provider]:

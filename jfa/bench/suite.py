@@ -9,7 +9,9 @@ The suite file (default: the packaged ``jfa/workloads.json``) holds ``{"about": 
     full:    L = max_len for every sequence
 
 Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
-attend its L keys, aligned bottom-right), "broadcast" (one dense q of q_len rows for every sequence).
+attend its L keys, aligned bottom-right; with q_max_len, query lengths of their own, drawn by the same recipe with
+seed + 1), "broadcast" (one dense q of q_len rows for every sequence). activation and out_scale: softmax, or an
+activation in its place (jfa.jagged_attention's).
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ class Workload:
     head_dim: int = 128
     window: tuple = (-1, -1)
     q_len: int = 0
+    q_max_len: int = 0
+    activation: str = "softmax"
+    out_scale: float = 1.0
     lengths: tuple | None = field(default=None, repr=False)
 
     @classmethod
@@ -62,7 +67,7 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: dist must be one of {DISTS}, got {self.dist!r}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"workload {self.name!r}: heads_q {self.heads_q} not a multiple of {self.heads_kv}")
-        if self.mode in ("broadcast", "cross") and self.q_len < 1:
+        if self.mode in ("broadcast", "cross") and self.q_len < 1 and not self.q_max_len:
             raise ValueError(f"workload {self.name!r}: {self.mode} mode needs q_len >= 1")
         if len(self.window) != 2:
             raise ValueError(f"workload {self.name!r}: window must be [left, right]")
@@ -81,6 +86,9 @@ class Workload:
             d["lengths"] = list(d["lengths"])
         if self.mode == "self":
             del d["q_len"]
+        for name, default in (("q_max_len", 0), ("activation", "softmax"), ("out_scale", 1.0)):
+            if d[name] == default:
+                del d[name]
         return d
 
 
@@ -136,6 +144,8 @@ def kv_lengths(w: Workload) -> torch.Tensor:
 def q_lengths(w: Workload, kv_lens: torch.Tensor) -> torch.Tensor:
     if w.broadcast:
         return torch.full_like(kv_lens, w.q_len)
+    if w.mode == "cross" and w.q_max_len:
+        return draw_lengths(w.batch, w.q_max_len, w.dist, w.seed + 1)
     return torch.clamp(kv_lens, max=w.q_len) if w.mode == "cross" else kv_lens
 
 
@@ -180,7 +190,8 @@ def scale_down(w: Workload, batch_div: int = 256, len_div: int = 64, heads_div: 
     group = w.heads_q // w.heads_kv
     heads_kv = max(1, w.heads_kv // heads_div)
     return replace(w, batch=shrink(w.batch, batch_div, min_batch), max_len=shrink(w.max_len, len_div, min_len),
-                   q_len=shrink(w.q_len, len_div // 4 or 1, 4), window=window, lengths=lengths,
+                   q_len=shrink(w.q_len, len_div // 4 or 1, 4), q_max_len=shrink(w.q_max_len, len_div, 4),
+                   window=window, lengths=lengths,
                    heads_kv=heads_kv, heads_q=heads_kv * group)
 
 
@@ -246,18 +257,23 @@ class Inputs:
     def leaves(self):
         return [self.q, self.k, self.v]
 
+    def score(self) -> dict:
+        """The public functions' mask and score arguments for this workload."""
+        w = self.workload
+        return dict(window=self.window, activation=w.activation, out_scale=w.out_scale)
+
     def problem(self, backend: str = "auto", **fields):
         """The jfa.problem.Problem of the jfa provider's call on these inputs (detached leaves, both max lengths
         given), with `fields` replaced: what benchmarks/ hand to a backend's parts."""
         from ..api import problem
         q, k, v = (t.detach() for t in self.leaves())
         if self.workload.broadcast:
-            p = problem(q, k, v, self.kv_offsets, broadcast=True, max_kv_len=self.max_kv, window=self.window,
-                        backend=backend)
+            p = problem(q, k, v, self.kv_offsets, broadcast=True, max_kv_len=self.max_kv, backend=backend,
+                        **self.score())
         else:
             kv_offsets = None if self.kv_offsets is self.q_offsets else self.kv_offsets
             p = problem(q, k, v, self.q_offsets, kv_offsets, max_q_len=self.max_q, max_kv_len=self.max_kv,
-                        window=self.window, backend=backend)
+                        backend=backend, **self.score())
         return p.replace(**fields) if fields else p
 
     def prefix(self, n: int) -> "Inputs":
