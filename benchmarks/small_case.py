@@ -1,5 +1,5 @@
 """A small case of every Hopper kernel (forward, the one-pass backward, and the deterministic backward's dK/dV and
-dQ passes; D 64 and 128; causal GQA and broadcast q), checked
+dQ passes; D 64 and 128; causal GQA and broadcast q, softmax and silu), checked
 against the reference: the workload for compute-sanitizer (scripts/sanitize.sh) and a quick smoke test.
 
     python benchmarks/small_case.py
@@ -15,7 +15,9 @@ def main() -> int:
     bad = 0
     for d in (64, 128):
         for name, kw in (("causal-gqa", dict(q_lens=[1, 65, 129, 300], hq=4, hkv=2, causal=True)),
-                         ("broadcast", dict(q_lens=None, kv_lens=[0, 1, 65, 129], broadcast_lq=64, hq=4, hkv=4))):
+                         ("broadcast", dict(q_lens=None, kv_lens=[0, 1, 65, 129], broadcast_lq=64, hq=4, hkv=4)),
+                         ("silu-causal-gqa", dict(q_lens=[1, 65, 129, 300], hq=4, hkv=2, causal=True,
+                                                  activation="silu", out_scale=0.01))):
             case = make_case(**kw, d=d, dtype=torch.bfloat16, device="cuda", seed=d)
             for deterministic in (False, True):
                 out, lse, grads = run_backend(case, "hopper", deterministic=deterministic)
