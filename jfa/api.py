@@ -19,8 +19,8 @@ from .problem import Problem
 
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                     window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, return_lse=False,
-                     backend="auto", deterministic=False):
+                     window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
+                     contextual_len=0, return_lse=False, backend="auto", deterministic=False):
     """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
 
     Args:
@@ -39,6 +39,11 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             query i of f(scale * q_i . k_j) v_j`` (GDPA; HSTU's attention is silu with out_scale 1 / N).
         out_scale: with an activation, a float or a float32 tensor ``[Tq]`` on q's device (one factor per output
             row), a constant (no gradient).
+        num_targets, contextual_len: HSTU's mask for generative recommenders (self-attention, causal=True): the last
+            ``num_targets[b]`` rows of sequence b (an int tensor ``[B]`` on the offsets' device) are targets, which
+            see the history and themselves and never each other, and the history never sees them; the first
+            ``contextual_len`` rows (an int) are a contextual prefix that every row sees and that sees the whole
+            history; ``window=(W, 0)`` bounds the distance in HSTU's positions. The rule: jfa.jagged.target_mask.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]`` (softmax only).
         backend: "auto", "reference", "triton" or "hopper".
         deterministic: the backward gives the same bits run to run (the hopper backend's default backward adds
@@ -48,7 +53,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
     """
     options = dict(causal=causal, window=window, scale=scale, activation=activation, out_scale=out_scale,
-                   backend=backend, deterministic=deterministic)
+                   num_targets=num_targets, contextual_len=contextual_len, backend=backend,
+                   deterministic=deterministic)
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
@@ -66,8 +72,8 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
             **options) -> Problem:
     """The jfa.problem.Problem that jagged_attention (or with broadcast=True, broadcast_attention, whose kv
     offsets are then the fourth argument) solves for these arguments (options: causal, window, scale,
-    activation, out_scale, backend, deterministic, as there), validated: what the benchmarks and tests hand to a
-    backend directly."""
+    activation, out_scale, num_targets, contextual_len, backend, deterministic, as there), validated: what the
+    benchmarks and tests hand to a backend directly."""
     if broadcast:
         return _broadcast_problem(q, k, v, q_offsets, max_kv_len, options)
     q, k, v = checks.check_qkv(q, k, v)
@@ -86,7 +92,8 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
                 raise ValueError(f"self-attention (kv_offsets=None) needs as many k rows as q rows: "
                                  f"{k.shape[0]} vs {q.shape[0]}")
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q",
-                                        [("max_q_len", max_q_len), ("max_kv_len", max_kv_len)])
+                                        [("max_q_len", max_q_len), ("max_kv_len", max_kv_len)],
+                                        options.get("num_targets"))
         else:
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
             checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
@@ -148,10 +155,13 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
 
 
 def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *, causal=False, window=(-1, -1),
-            scale=None, activation="softmax", out_scale=1.0, backend="auto", deterministic=False) -> Problem:
+            scale=None, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0, backend="auto",
+            deterministic=False) -> Problem:
     """The checks every call shares, then the Problem."""
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
+    num_targets = checks.check_targets(num_targets, contextual_len, causal, window, broadcast,
+                                       q_offsets is kv_offsets, q_offsets)
     scale = checks.check_scale(scale, q.shape[2])
     checks.check_activation(activation)
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
@@ -160,5 +170,5 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,
-                   out_scale=out_scale, row_scale=row_scale, max_q_len=max_q_len, max_kv_len=max_kv_len,
-                   backend=backend, deterministic=deterministic)
+                   out_scale=out_scale, row_scale=row_scale, num_targets=num_targets, contextual_len=contextual_len,
+                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, deterministic=deterministic)

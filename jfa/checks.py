@@ -109,6 +109,35 @@ def check_out_scale(out_scale, activation, rows, device):
     return float(out_scale), None
 
 
+def check_targets(num_targets, contextual_len, causal, window, broadcast, self_attention, offsets):
+    """HSTU's mask's arguments (jfa.jagged.target_mask) -> num_targets as the kernels take it (a contextual prefix
+    alone: zero targets), or None. Their values are checked with the offsets' (check_offsets_values)."""
+    if isinstance(contextual_len, bool) or not isinstance(contextual_len, int) or contextual_len < 0:
+        raise TypeError(f"contextual_len must be a non-negative Python int, got {contextual_len!r}")
+    if num_targets is None and contextual_len == 0:
+        return None
+    if broadcast:
+        raise ValueError("num_targets / contextual_len are for self-attention over histories, not broadcast q")
+    if not self_attention:
+        raise ValueError("num_targets / contextual_len need self-attention (kv_offsets=None): targets are the last "
+                         "rows of each sequence")
+    if not causal or window[1] > 0:
+        raise ValueError("num_targets / contextual_len need causal=True (HSTU's mask is causal; window=(W, 0) "
+                         "bounds its distance)")
+    batch = offsets.numel() - 1
+    if num_targets is None:
+        return torch.zeros(batch, dtype=offsets.dtype, device=offsets.device)
+    _tensor("num_targets", num_targets)
+    if num_targets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"num_targets must be int32 or int64, got {num_targets.dtype}")
+    if num_targets.shape != (batch, ):
+        raise ValueError(f"num_targets must have one count per sequence: shape ({batch},), got "
+                         f"{tuple(num_targets.shape)}")
+    if num_targets.device != offsets.device:
+        raise ValueError(f"num_targets is on {num_targets.device} but the offsets are on {offsets.device}")
+    return num_targets
+
+
 def check_return_lse(return_lse, activation):
     if return_lse and activation != "softmax":
         raise ValueError(f"return_lse=True: an lse is softmax's; activation={activation!r} has none")
@@ -133,10 +162,18 @@ def offsets_values_checked(offsets_list, hints_given: bool) -> bool:
     return not (on_gpu and hints_given)
 
 
-def check_offsets_values(name, offsets, rows, rows_name, hints=()):
+def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=None):
     """Start 0, non-decreasing, end == rows, and each (hint_name, value) in hints (when the value is given)
-    >= the longest sequence. One host sync for GPU offsets, however many hints."""
+    >= the longest sequence; num_targets (a tensor) between 0 and each sequence's length. One host sync for GPU
+    offsets, however many hints."""
     o = offsets.detach().to("cpu", torch.int64)
+    if isinstance(num_targets, torch.Tensor) and num_targets.shape == (o.numel() - 1, ):
+        t = num_targets.detach().to("cpu", torch.int64)
+        bad = (t < 0) | (t > o[1:] - o[:-1])
+        if bad.any():
+            b = int(torch.nonzero(bad)[0])
+            raise ValueError(f"num_targets[{b}] = {t[b].item()} is not between 0 and the length of sequence {b} "
+                             f"({(o[b + 1] - o[b]).item()})")
     if o[0].item() != 0:
         raise ValueError(f"{name} must start at 0, got {o[0].item()}")
     lens = o[1:] - o[:-1]

@@ -36,11 +36,13 @@ def pairs_upper_bound(q_rows, kv_rows, broadcast, left, right):
 
 def attention_pairs(p: Problem) -> int:
     """Exact visible pairs of one jfa.attention call, or the upper bound when the offsets hold no data."""
-    if _has_data(p.q_offsets) and _has_data(p.kv_offsets):
+    targets = p.targets and _has_data(p.num_targets)
+    if _has_data(p.q_offsets) and _has_data(p.kv_offsets) and (targets or not p.targets):
         q_lens = lengths(p.q_offsets.detach().long().cpu())
         if p.broadcast:  # every sequence has the Lq rows of the dense q
             q_lens = torch.full_like(q_lens, p.q.shape[0])
-        return visible_pairs(q_lens, lengths(p.kv_offsets.detach().long().cpu()), p.left, p.right)
+        return visible_pairs(q_lens, lengths(p.kv_offsets.detach().long().cpu()), p.left, p.right,
+                             (p.num_targets.cpu(), p.contextual_len) if targets else None)
     return pairs_upper_bound(p.q.shape[0], p.k.shape[0], p.broadcast, p.left, p.right)
 
 

@@ -51,10 +51,38 @@ def pair_mask(i, j, q_len, kv_len, left: int, right: int) -> torch.Tensor:
     return mask
 
 
-def visible_mask(q_len: int, kv_len: int, left: int, right: int, device=None) -> torch.Tensor:
-    """Boolean ``[q_len, kv_len]``: which keys each query of one sequence sees."""
+def target_mask(i, j, n, num_targets, contextual_len: int, window: int) -> torch.Tensor:
+    """HSTU's mask (generative recommenders: targets, a contextual prefix, a window over positions), on
+    broadcastable tensors, for a sequence of n rows (self-attention, causal) whose last num_targets rows are targets:
+
+        p(x) = x if c == 0, else max(x - c + 1, 0);  U = n - T if c == 0, else n - T - c + 1;  p(x) = min(p(x), U)
+        visible = (i == j) or (p(i) - p(j) > 0)
+        with a window W >= 0:  visible = visible and (i == j or p(i) - p(j) <= W)
+        with c > 0:            visible = visible or (p(i) == 0 and p(j) < U)
+
+    (c = contextual_len, T = num_targets, W = window: -1 or UNBOUNDED for none). Targets see the history and
+    themselves, never each other; history never sees targets. With T = 0 and c = 0 this is the causal window."""
+    c1 = max(contextual_len - 1, 0)
+    u = torch.as_tensor(n - num_targets - c1)
+    pi = torch.minimum(torch.clamp(i - c1, min=0), u)
+    pj = torch.minimum(torch.clamp(j - c1, min=0), u)
+    d = pi - pj
+    step = d > 0
+    if 0 <= window < UNBOUNDED:
+        step = step & (d <= window)
+    vis = (i == j) | step
+    if contextual_len > 0:
+        vis = vis | ((pi == 0) & (pj < u))
+    return vis & (i < n) & (j < n)
+
+
+def visible_mask(q_len: int, kv_len: int, left: int, right: int, device=None, targets=None) -> torch.Tensor:
+    """Boolean ``[q_len, kv_len]``: which keys each query of one sequence sees; targets = (num_targets,
+    contextual_len) for HSTU's mask (target_mask: left is its window, the sequence causal self-attention)."""
     i = torch.arange(q_len, device=device).unsqueeze(1)
     j = torch.arange(kv_len, device=device).unsqueeze(0)
+    if targets is not None:
+        return target_mask(i, j, q_len, targets[0], targets[1], left)
     return pair_mask(i, j, q_len, kv_len, left, right)
 
 
@@ -73,10 +101,15 @@ def visible_counts_per_row(q_lens: torch.Tensor, kv_lens: torch.Tensor, left: in
     return torch.clamp(hi - lo + 1, min=0)
 
 
-def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1) -> int:
-    """Exact number of visible (query, key) pairs of a batch: the FLOP count's unit (4*Hq*D per pair fwd)."""
+def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1, targets=None) -> int:
+    """Exact number of visible (query, key) pairs of a batch: the FLOP count's unit (4*Hq*D per pair fwd);
+    targets = (num_targets [B], contextual_len) for HSTU's mask (per sequence, from target_mask)."""
     q_lens = torch.as_tensor(q_lens)
     kv_lens = torch.as_tensor(kv_lens)
+    if targets is not None:
+        num_targets, c = torch.as_tensor(targets[0]).long().tolist(), targets[1]
+        return sum(int(visible_mask(n, n, left, right, targets=(t, c)).sum())
+                   for n, t in zip(q_lens.long().tolist(), num_targets))
     return int(visible_counts_per_row(q_lens, kv_lens, left, right).sum())
 
 

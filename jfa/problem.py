@@ -32,6 +32,8 @@ class Problem:
     activation: str = "softmax"  # or one of jfa.variants.ACTIVATIONS: out_i = c_i sum_j f(scale q_i . k_j) v_j
     out_scale: float = 1.0  # c_i with an activation: this, times row_scale[i] if given
     row_scale: Optional[Tensor] = None  # [rows] float32, one factor per output row (with an activation)
+    num_targets: Optional[Tensor] = None  # [B] int: each sequence's last targets see the history and themselves
+    contextual_len: int = 0  # HSTU's contextual prefix (with num_targets: jfa.jagged.target_mask)
     max_q_len: Optional[int] = None  # the caller's bounds on the lengths (or None): they never change a result,
     max_kv_len: Optional[int] = None  # and the hopper backward skips work by max_kv_len
     backend: str = "reference"  # a name of jfa.backends.BACKENDS
@@ -72,6 +74,11 @@ class Problem:
     def lse_rows(self) -> int:
         """Columns of the returned lse [Hq, lse_rows]: the output rows with softmax, none with an activation."""
         return self.rows if self.softmax else 0
+
+    @property
+    def targets(self) -> bool:
+        """HSTU's mask (num_targets, contextual_len) in place of the window's."""
+        return self.num_targets is not None
 
     @property
     def scales(self):

@@ -53,14 +53,15 @@ def _heads(q, k, v, dt):
     return qh, kh, vh
 
 
-def attention_one(q, k, v, scale, left, right, compute_dtype=torch.float32, activation="softmax"):
+def attention_one(q, k, v, scale, left, right, compute_dtype=torch.float32, activation="softmax", targets=None):
     """One sequence. q ``[Lq, Hq, D]``, k/v ``[Lk, Hkv, D]`` -> (out ``[Lq, Hq, D]``, lse ``[Hq, Lq]``, or
-    ``[Hq, 0]`` for an activation), before any out_scale."""
+    ``[Hq, 0]`` for an activation), before any out_scale; targets = (its targets, contextual_len): HSTU's mask
+    (jfa.jagged.target_mask) in place of the window's."""
     lq, hq, _ = q.shape
     lk = k.shape[0]
     dt = compute_dtype or q.dtype
     qh, kh, vh = _heads(q, k, v, dt)
-    mask = visible_mask(lq, lk, left, right, device=q.device)  # [Lq, Lk]
+    mask = visible_mask(lq, lk, left, right, device=q.device, targets=targets)  # [Lq, Lk]
     s = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # [Hq, Lq, Lk]
     if activation != "softmax":
         p = ACTIVATIONS[activation][0](s).masked_fill(~mask, 0.0)
@@ -82,17 +83,26 @@ def _rows_scaled(x, out_scale):
     return x if out_scale == 1.0 else x * out_scale
 
 
+def _targets(num_targets, contextual_len, batch):
+    """Per sequence: (its targets, contextual_len), or None (the window's mask)."""
+    if num_targets is None:
+        return [None] * batch
+    return [(t, contextual_len) for t in num_targets.tolist()]
+
+
 def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, broadcast=False,
-              compute_dtype=torch.float32, activation="softmax", out_scale=1.0):
-    """Packed jagged attention (see module doc). ``q_offsets`` is ignored in broadcast mode."""
+              compute_dtype=torch.float32, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0):
+    """Packed jagged attention (see module doc). ``q_offsets`` is ignored in broadcast mode. num_targets ``[B]``
+    (with contextual_len): HSTU's mask, jfa.jagged.target_mask (self-attention; left is its window)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kv_off = kv_offsets.tolist()
     q_off = [b * q.shape[0] for b in range(len(kv_off))] if broadcast else q_offsets.tolist()
+    targets = _targets(num_targets, contextual_len, len(kv_off) - 1)
     outs, lses = [], []
     for b in range(len(kv_off) - 1):
         qb = q if broadcast else q[q_off[b]:q_off[b + 1]]
         kb, vb = k[kv_off[b]:kv_off[b + 1]], v[kv_off[b]:kv_off[b + 1]]
-        o, l = attention_one(qb, kb, vb, scale, left, right, compute_dtype, activation)
+        o, l = attention_one(qb, kb, vb, scale, left, right, compute_dtype, activation, targets[b])
         outs.append(o)
         lses.append(l)
     if not outs:
@@ -101,7 +111,7 @@ def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, 
 
 
 def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute_dtype=torch.float32,
-                           magnitudes=False, activation="softmax"):
+                           magnitudes=False, activation="softmax", targets=None):
     """Explicit gradients for one sequence (what the kernels compute), checked against autograd in the tests;
     dout already times the rows' out_scale for an activation.
 
@@ -116,7 +126,7 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
     dt, group = compute_dtype, hq // hkv
     qh, kh, vh = _heads(q, k, v, dt)
     oh, doh = (x.to(dt).transpose(0, 1) for x in (out, dout))  # [Hq, Lq, D]
-    mask = visible_mask(lq, lk, left, right, device=q.device)
+    mask = visible_mask(lq, lk, left, right, device=q.device, targets=targets)
     s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
     if activation != "softmax":
         f, df = ACTIVATIONS[activation]
@@ -147,7 +157,7 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
 
 def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale, left=-1, right=-1,
                        broadcast=False, compute_dtype=torch.float32, magnitudes=False, activation="softmax",
-                       out_scale=1.0):
+                       out_scale=1.0, num_targets=None, contextual_len=0):
     """Gradients (dq, dk, dv) of ``attention`` for upstream grads dout ``[rows, Hq, D]`` and dlse
     ``[Hq, rows]`` (or None). Broadcast: dq sums the batch's contributions in float32."""
     kv_off = kv_offsets.tolist()
@@ -157,11 +167,12 @@ def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
+    targets = _targets(num_targets, contextual_len, len(kv_off) - 1)
     for b in range(len(kv_off) - 1):
         qs, ks = slice(q_off[b], q_off[b + 1]), slice(kv_off[b], kv_off[b + 1])
         qb = q if broadcast else q[qs]
         g = attention_one_backward(qb, k[ks], v[ks], out[qs], dout[qs], None if dlse is None else dlse[:, qs],
-                                   scale, left, right, compute_dtype, magnitudes, activation)
+                                   scale, left, right, compute_dtype, magnitudes, activation, targets[b])
         if broadcast:
             dq += g[0]
         else:
