@@ -34,7 +34,6 @@ def main(argv=None) -> int:
             bwd = do_bench(lambda: hopper.backward(prob, out, lse, inp.dout, None), warmup=25, rep=args.rep_ms,
                            return_mode="median")
             print(f"{w.name:<22} {act:<10} forward {fwd:7.3f} ms  backward {bwd:7.3f} ms", flush=True)
-            del inp, prob, out, lse
             torch.cuda.empty_cache()
     return 0
 
