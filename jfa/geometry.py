@@ -7,9 +7,11 @@ changes (docs/hopper.md, "Adding an attention variant").
 
 Two tuples carry what the rule needs, so that a rule with more parameters changes where they are made, not the
 kernels that pass them through:
-  seq         one sequence's lengths, (Lq, Lk) (sequence_bounds makes it)
+  seq         one sequence's lengths, (Lq, Lk), and with HSTU's mask its targets, (Lq, Lk, T)
   rule        the mask's parameters, (LEFT, RIGHT): key j is visible to query i when i' - LEFT <= j <= i' + RIGHT,
-              i' = i + shift; unbounded sides arrive as jfa.jagged.UNBOUNDED (2**30), so no branch is needed
+              i' = i + shift; unbounded sides arrive as jfa.jagged.UNBOUNDED (2**30), so no branch is needed.
+              HSTU's mask (jfa.jagged.target_mask: self-attention, causal): (W, 0, c, True), the window over
+              positions, the contextual prefix's length; a 4-tuple (len(rule) is a compile-time constant).
 
 Glossary (all kernels):
   Lq, Lk      lengths of the current sequence's queries and keys (q_len, kv_len)
@@ -46,9 +48,63 @@ def mirror(seq, rule):
 
 
 @triton.jit
+def _position(x, seq, rule):
+    """HSTU's position of rows x (jfa.jagged.target_mask), the history's end U (every target sits there), c - 1."""
+    c1 = tl.maximum(rule[2] - 1, 0)
+    u = seq[0] - seq[2] - c1
+    return tl.minimum(tl.maximum(x - c1, 0), u), u, c1
+
+
+@triton.jit
+def _target_rule(i, j, seq, rule):
+    pi, u, c1 = _position(i, seq, rule)
+    pj, _, _ = _position(j, seq, rule)
+    d = pi - pj
+    vis = (i == j) | ((d > 0) & (d <= rule[0]))
+    return vis | ((rule[2] > 0) & (pi == 0) & (pj < u))
+
+
+@triton.jit
+def _target_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """HSTU's mask: keys [lo, hi) (lo aligned down to BLOCK_N) holding every key queries [m0, m0 + BLOCK_M) see:
+    from the first row's window (a context row's: 0) to the last row's diagonal (with context rows: the history's
+    end)."""
+    n, c = seq[0], rule[2]
+    m_last = tl.minimum(m0 + BLOCK_M, n) - 1
+    p0, u, c1 = _position(m0, seq, rule)
+    lo_key = tl.where((m0 < c) | (p0 - rule[0] <= 0), 0, p0 - rule[0] + c1)
+    lo_key = tl.where(u > 0, lo_key, m0)  # no history position: every row sees itself alone
+    hi = tl.minimum(tl.maximum(m_last + 1, tl.where((m0 < c) & (u > 0), n - seq[2], 0)), n)
+    return (tl.maximum(lo_key, 0) // BLOCK_N) * BLOCK_N, hi
+
+
+@triton.jit
+def _target_queries(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """HSTU's mask, the queries that see keys [n0, n0 + BLOCK_N): (prefix end, lo, hi): the context rows [0,
+    prefix end) (aligned up to BLOCK_M; 0 when none, or when they join [lo, hi)), then from the first key's diagonal
+    (lo aligned down to BLOCK_M) to the last query that sees a history key of the tile (every target, unless the
+    window ends first), or the tile's last target key's diagonal."""
+    n, c = seq[0], rule[2]
+    h = n - seq[2]  # the history's end: keys from h on are targets, seen by themselves alone
+    k_last = tl.minimum(n0 + BLOCK_N, n) - 1
+    has_history = n0 < h
+    pjh, u, c1 = _position(tl.minimum(k_last, h - 1), seq, rule)
+    i_max = tl.where(pjh + rule[0] >= u, n - 1, pjh + rule[0] + c1)
+    i_max = tl.where(u > 0, i_max, tl.minimum(k_last, h - 1))  # no history position: itself alone
+    hi = tl.where(has_history, i_max + 1, 0)
+    hi = tl.minimum(tl.maximum(hi, tl.where(k_last >= h, k_last + 1, 0)), n)
+    lo = (n0 // BLOCK_M) * BLOCK_M
+    pre = tl.where(has_history & (c > 0) & (u > 0), tl.cdiv(c, BLOCK_M) * BLOCK_M, 0)
+    joined = pre >= lo
+    return tl.where(joined, 0, pre), tl.where(joined, 0, lo), hi
+
+
+@triton.jit
 def key_range(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Keys [lo, hi) seen by queries [m0, m0 + BLOCK_M), lo aligned down to BLOCK_N (scalars or vectors).
     The range is empty (hi <= lo) when no real query of the tile sees a key."""
+    if len(rule) > 2:
+        return _target_keys(m0, seq, rule, BLOCK_M, BLOCK_N)
     q_len, kv_len = seq[0], seq[1]
     shift = kv_len - q_len
     m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
@@ -70,6 +126,8 @@ def full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
     (This index form, with its non-negative divisions, is what the dK/dV consumers loop over: computed as
     block positions it cost the D=128 kernel 120-210 B more spills, some inside its dK MMA; perf-notes.)"""
+    if len(rule) > 2:  # HSTU's mask: the window's full blocks where it agrees (rows in the history, keys past c)
+        return _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
     q_len, kv_len = seq[0], seq[1]
     shift = kv_len - q_len
     m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
@@ -80,6 +138,35 @@ def full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     bottom = m_last + shift - rule[0] - lo
     j_lo = tl.minimum(tl.where(bottom > 0, (bottom + BLOCK_N - 1) // BLOCK_N, 0), n_blocks)
     return j_lo, tl.maximum(tl.minimum(j_hi, n_blocks), j_lo)
+
+
+@triton.jit
+def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """HSTU's mask is the causal window's on positions; rows in [c, U's row) and keys from c on see each other as the
+    causal window says (p(i) - p(j) = i - j): there its full blocks, else none (a tile with context or target rows
+    is masked whole)."""
+    n, c = seq[0], rule[2]
+    m_last = tl.minimum(m0 + BLOCK_M, n) - 1
+    j_lo, j_hi = full_blocks(m0, lo, n_blocks, (n, n), (rule[0], rule[1]), BLOCK_M, BLOCK_N)
+    j_lo = tl.maximum(j_lo, tl.where(c > lo, tl.cdiv(c - lo, BLOCK_N), 0))
+    plain = (m0 >= c) & (m_last < n - seq[2])
+    j_lo = tl.where(plain, tl.minimum(j_lo, n_blocks), 0)
+    return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)
+
+
+@triton.jit
+def _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """_target_full_blocks transposed: keys in [c, the history's end), the window's full query blocks, and with a
+    bounded window only those below the targets (whose window starts at the history's end)."""
+    n, c = seq[0], rule[2]
+    h = n - seq[2]
+    k_last = tl.minimum(n0 + BLOCK_N, n) - 1
+    seq_t, rule_t = mirror((n, n), (rule[0], rule[1]))
+    j_lo, j_hi = full_blocks(n0, lo, n_blocks, seq_t, rule_t, BLOCK_N, BLOCK_M)
+    j_hi = tl.where(rule[0] < 1 << 30, tl.minimum(j_hi, tl.maximum(h - lo, 0) // BLOCK_M), j_hi)
+    plain = (n0 >= c) & (k_last < h)
+    j_lo = tl.where(plain, j_lo, 0)
+    return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)
 
 
 @triton.jit
@@ -97,15 +184,32 @@ def key_blocks(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def query_range(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Queries [lo, hi) that see keys [n0, n0 + BLOCK_N), lo aligned down to BLOCK_M (see Transposition)."""
+    """Queries [lo, hi) that see keys [n0, n0 + BLOCK_N), lo aligned down to BLOCK_M (see Transposition); with
+    HSTU's mask, the range after query_prefix's."""
+    if len(rule) > 2:
+        _, lo, hi = _target_queries(n0, seq, rule, BLOCK_M, BLOCK_N)
+        return lo, hi
     seq_t, rule_t = mirror(seq, rule)
     return key_range(n0, seq_t, rule_t, BLOCK_N, BLOCK_M)
 
 
 @triton.jit
+def query_prefix(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """HSTU's mask (a 4-tuple rule) only: the end of the context rows [0, end) that see keys [n0, n0 + BLOCK_N)
+    before query_range's range (a multiple of BLOCK_M, 0 for none): a key tile's walk is both."""
+    pre, _, _ = _target_queries(n0, seq, rule, BLOCK_M, BLOCK_N)
+    return pre
+
+
+@triton.jit
 def query_blocks(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Query ranges that see keys [n0, n0 + BLOCK_N): (lo, full_lo, full_hi, hi), as key_blocks: a full
-    block's rows all exist and see every real key of the tile."""
+    block's rows all exist and see every real key of the tile (with HSTU's mask, after query_prefix's blocks)."""
+    if len(rule) > 2:
+        lo, hi = query_range(n0, seq, rule, BLOCK_M, BLOCK_N)
+        n_blocks = block_count(lo, hi, BLOCK_M)
+        j_lo, j_hi = full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
+        return lo, lo + j_lo * BLOCK_M, lo + j_hi * BLOCK_M, hi
     seq_t, rule_t = mirror(seq, rule)
     return key_blocks(n0, seq_t, rule_t, BLOCK_N, BLOCK_M)
 
@@ -114,6 +218,8 @@ def query_blocks(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """full_blocks transposed: of the query blocks [lo + j BLOCK_M, ...), j < n_blocks, that see keys [n0, n0 +
     BLOCK_N), the ones [j_lo, j_hi) that need no mask."""
+    if len(rule) > 2:
+        return _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
     seq_t, rule_t = mirror(seq, rule)
     return full_blocks(n0, lo, n_blocks, seq_t, rule_t, BLOCK_N, BLOCK_M)
 
@@ -127,6 +233,8 @@ def in_window(i, j, seq, rule):
 
 @triton.jit
 def _rule(i, j, seq, rule, KEY_MAJOR: tl.constexpr):
+    if len(rule) > 2:
+        return _target_rule(i, j, seq, rule)
     if KEY_MAJOR:
         seq_t, rule_t = mirror(seq, rule)
         return in_window(j, i, seq_t, rule_t)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .geometry import block_count, key_range, sequence_bounds
+from .geometry import block_count, key_range, query_prefix, query_range, sequence_bounds
 from .jagged import tile_capacity
 from .runtime import check_runnable
 
@@ -46,6 +46,9 @@ class ScheduleSpec:
     left: int  # window, in jfa.jagged.resolve_window's form (mirrored, right for left, when swapped)
     right: int
     ctas: int  # the persistent grid
+    targets: bool = False  # HSTU's mask (jfa.jagged.target_mask): the costs take the sequences' targets
+    context: int = 0  # its contextual prefix
+    key_tiles: bool = False  # (with targets) the tiles are key tiles, costed by the queries that see them
 
 
 @dataclass(frozen=True)
@@ -136,10 +139,27 @@ def _tile_of(idx, tile_ends, batch, SEARCH_STEPS: tl.constexpr):
 
 
 @triton.jit
+def _walk_cost(tile, seq, lens, LEFT, RIGHT, num_targets, context, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               TARGETS: tl.constexpr, KEY_TILES: tl.constexpr):
+    """Blocks of BLOCK_N rows that tile `tile` (of BLOCK_M rows) walks (jfa.geometry: the kernels' own walk)."""
+    if TARGETS:  # HSTU's mask (self-attention): not a mirror image, so key tiles take their own walk
+        seq3 = (lens[0], lens[1], tl.load(num_targets + seq).to(tl.int32))
+        if KEY_TILES:  # (the spec's window is mirrored for key tiles: RIGHT holds the window)
+            rule = (RIGHT, LEFT, context, True)
+            lo, hi = query_range(tile * BLOCK_M, seq3, rule, BLOCK_N, BLOCK_M)
+            return query_prefix(tile * BLOCK_M, seq3, rule, BLOCK_N, BLOCK_M) // BLOCK_N + block_count(lo, hi, BLOCK_N)
+        k_lo, k_hi = key_range(tile * BLOCK_M, seq3, (LEFT, RIGHT, context, True), BLOCK_M, BLOCK_N)
+    else:
+        k_lo, k_hi = key_range(tile * BLOCK_M, lens, (LEFT, RIGHT), BLOCK_M, BLOCK_N)  # the item's walk
+    return block_count(k_lo, k_hi, BLOCK_N)
+
+
+@triton.jit
 def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order, sm_start, batch, capacity,
-                   heads, ctas, buckets, window, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CLASSES: tl.constexpr, WINDOW_ROUNDS: tl.constexpr, ROTATE: tl.constexpr,
-                   SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr):
+                   heads, ctas, buckets, window, LEFT, RIGHT, num_targets, context, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CLASSES: tl.constexpr, WINDOW_ROUNDS: tl.constexpr, ROTATE: tl.constexpr,
+                   SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr, TARGETS: tl.constexpr = False,
+                   KEY_TILES: tl.constexpr = False):
     """One CTA: if the offsets changed since the last build, rebuild the schedule (see module doc).
 
     Two counting sorts. The first: a tile's key is its sequence's heaviest tile cost (atomic max), its bucket key + 1
@@ -173,8 +193,9 @@ def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order
             seq = tl.minimum(seq, batch - 1)
             q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
             tile = idx - (tl.load(tile_ends + seq) - tl.cdiv(lens[0], BLOCK_M))
-            k_lo, k_hi = key_range(tile * BLOCK_M, lens, (LEFT, RIGHT), BLOCK_M, BLOCK_N)  # the item's walk
-            cost = tl.where(valid, block_count(k_lo, k_hi, BLOCK_N), -1)
+            walk = _walk_cost(tile, seq, lens, LEFT, RIGHT, num_targets, context, BLOCK_M, BLOCK_N, TARGETS,
+                              KEY_TILES)
+            cost = tl.where(valid, walk, -1)
             tl.store(tiles + idx, tl.where(valid, seq, -1), mask=keep)
             tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
             tl.store(tile_cost + idx, cost, mask=keep)
@@ -275,8 +296,9 @@ def allocate(spec: ScheduleSpec, batch: int, kv_rows: int, device) -> Schedule:
         scratch=torch.empty(_scratch_size(spec, batch, kv_rows), dtype=torch.int32, device=device))
 
 
-def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows: int) -> Schedule:
-    """Launch refresh_kernel (see module doc): the schedule matches the live offsets once it has run."""
+def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows: int, num_targets=None) -> Schedule:
+    """Launch refresh_kernel (see module doc): the schedule matches the live offsets once it has run (num_targets:
+    with spec.targets, the sequences' targets, read for the costs alone)."""
     batch = q_offsets.numel() - 1
     check_runnable(q_offsets.device)
     cap = sched.tiles.shape[1]
@@ -284,20 +306,22 @@ def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows:
         refresh_kernel[(1, )](
             q_offsets, kv_offsets, sched.seen, sched.scratch, sched.tiles, sched.tile_cost, sched.order,
             sched.sm_start, batch, cap, spec.heads, spec.ctas, _buckets(spec, kv_rows), window_tiles(spec),
-            spec.left, spec.right, BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, CLASSES=CLASSES,
-            WINDOW_ROUNDS=WINDOW_ROUNDS, ROTATE=ROTATE, SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK,
-            num_warps=REFRESH_BLOCK // 256)
+            spec.left, spec.right, q_offsets if num_targets is None else num_targets, spec.context,
+            BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, CLASSES=CLASSES, WINDOW_ROUNDS=WINDOW_ROUNDS, ROTATE=ROTATE,
+            SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK, TARGETS=spec.targets,
+            KEY_TILES=spec.key_tiles, num_warps=REFRESH_BLOCK // 256)
     elif cap > 0:  # no sequences: every slot is spare
         sched.tiles.fill_(-1)
         sched.order.fill_(-1)
     return sched
 
 
-def build(q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int) -> Schedule:
+def build(q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int, num_targets=None) -> Schedule:
     """A schedule of its own (not cached) for these offsets; kv_rows = rows of the other side (its last
     offset), which bounds the costs."""
     batch = q_offsets.numel() - 1
-    return refresh(allocate(spec, batch, kv_rows, q_offsets.device), spec, q_offsets, kv_offsets, kv_rows)
+    return refresh(allocate(spec, batch, kv_rows, q_offsets.device), spec, q_offsets, kv_offsets, kv_rows,
+                   num_targets)
 
 
 def sm_loads(schedule: Schedule, num_sms: int) -> torch.Tensor:
@@ -321,19 +345,21 @@ class ScheduleCache:
         self.size = size
         self.entries: OrderedDict = OrderedDict()
 
-    def get(self, q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int) -> Schedule:
+    def get(self, q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int, num_targets=None) -> Schedule:
+        """(num_targets: with spec.targets; they set the costs only, so a schedule built with other counts is still
+        a correct one: every item computed once.)"""
         if q_offsets.is_cuda and torch.cuda.is_current_stream_capturing():
-            return build(q_offsets, kv_offsets, spec, kv_rows)
+            return build(q_offsets, kv_offsets, spec, kv_rows, num_targets)
         key = (id(q_offsets), id(kv_offsets), spec, kv_rows)
         hit = self.entries.get(key)
         if hit is not None and hit[0]() is q_offsets and hit[1]() is kv_offsets:
             self.entries.move_to_end(key)
-            return refresh(hit[2], spec, q_offsets, kv_offsets, kv_rows)
+            return refresh(hit[2], spec, q_offsets, kv_offsets, kv_rows, num_targets)
         sched = allocate(spec, q_offsets.numel() - 1, kv_rows, q_offsets.device)
         self.entries[key] = (weakref.ref(q_offsets), weakref.ref(kv_offsets), sched)
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
-        return refresh(sched, spec, q_offsets, kv_offsets, kv_rows)
+        return refresh(sched, spec, q_offsets, kv_offsets, kv_rows, num_targets)
 
 
 CACHE = ScheduleCache()  # the one cache, shared by every kernel that takes a schedule

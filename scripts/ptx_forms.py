@@ -45,7 +45,7 @@ def _schedule_forms():
                   ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK)
 
     def compile_refresh(offsets):
-        sig = {a: "constexpr" if a in consts else offsets if a.endswith("offsets") else "*i64" if a == "seen"
+        sig = {a: "constexpr" if a in consts else offsets if a.endswith(("offsets", "targets")) else "*i64" if a == "seen"
                else "*i32" if a in ("scratch", "tiles", "tile_cost", "order", "sm_start") else "i32"
                for a in fn.arg_names}
         src = ASTSource(fn=fn, signature=sig, constexprs=consts)

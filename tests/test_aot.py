@@ -158,7 +158,7 @@ from jfa.schedule import refresh_kernel as fn
 consts = dict(BLOCK_M=128, BLOCK_N=128, CLASSES=schedule.CLASSES, WINDOW_ROUNDS=schedule.WINDOW_ROUNDS,
               ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK)
 for offsets in ("*i32", "*i64"):
-    sig = {a: "constexpr" if a in consts else offsets if a.endswith("offsets") else "*i64" if a == "seen"
+    sig = {a: "constexpr" if a in consts else offsets if a.endswith(("offsets", "targets")) else "*i64" if a == "seen"
            else "*i32" if a in ("scratch", "tiles", "tile_cost", "order", "sm_start") else "i32" for a in fn.arg_names}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),

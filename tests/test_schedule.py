@@ -16,7 +16,26 @@ from jfa.testing import offsets_of
 pytestmark = pytest.mark.interpreter
 
 
-def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec):
+def _tile_cost(mask, rows, block, key_tiles):
+    """Blocks of `block` a tile walks: from its first visible pair's block to its last; a key tile (HSTU's mask: rows
+    are keys here, mask[:, rows] their queries) also its context rows' blocks before those."""
+    if key_tiles:
+        seen = torch.nonzero(mask[:, rows].any(1)).flatten()
+        if not len(seen):
+            return 0
+        diag = seen[seen >= rows.start]
+        before = seen[seen < rows.start]
+        pre = -((-int(before.max()) - 1) // block) if len(before) else 0
+        first = int(diag.min()) // block * block if len(diag) else 0
+        if pre * block >= first:
+            return -(-(int(seen.max()) + 1) // block)
+        return pre + -(-(int(seen.max()) + 1 - first) // block)
+    keys = torch.nonzero(mask[rows].any(0)).flatten()
+    first = int(keys.min()) // block * block if len(keys) else 0
+    return -(-(int(keys.max()) + 1 - first) // block) if len(keys) else 0
+
+
+def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
     """Brute force: (tiles [(seq, tile)], cost per tile slot, per-CTA list of item costs in deal order).
 
     A tile of rows [m0, m0 + block_m) visits the key blocks from the first visible key, aligned down to
@@ -27,11 +46,14 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec):
     tiles, costs, heaviest = [], [], []
     for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
         first_tile = len(costs)
-        mask = visible_mask(lq, lk, spec.left, spec.right)
+        if num_targets is None:
+            mask = visible_mask(lq, lk, spec.left, spec.right)
+        else:  # HSTU's mask: the window is the spec's left, or for key tiles (mirrored) its right
+            mask = visible_mask(lq, lq, spec.right if spec.key_tiles else spec.left, 0,
+                                targets=(num_targets[b], spec.context))
         for t in range(-(-lq // spec.block_m)):
-            keys = torch.nonzero(mask[t * spec.block_m:(t + 1) * spec.block_m].any(0)).flatten()
-            first = int(keys.min()) // spec.block_n * spec.block_n if len(keys) else 0
-            costs.append(-(-(int(keys.max()) + 1 - first) // spec.block_n) if len(keys) else 0)
+            rows = slice(t * spec.block_m, (t + 1) * spec.block_m)
+            costs.append(_tile_cost(mask, rows, spec.block_n, spec.key_tiles))
             tiles.append((b, t))
         heaviest += [max(costs[first_tile:], default=0)] * (len(costs) - first_tile)
     costs += [-1] * (schedule.capacity(spec, len(q_lens)) - len(costs))
@@ -55,8 +77,8 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec):
     return tiles, costs, per_cta
 
 
-def check_against_spec(sched, q_lens, kv_lens, spec):
-    tiles, costs, per_cta = spec_schedule(q_lens, kv_lens, spec)
+def check_against_spec(sched, q_lens, kv_lens, spec, num_targets=None):
+    tiles, costs, per_cta = spec_schedule(q_lens, kv_lens, spec, num_targets)
     got_tiles = [(int(b), int(t)) for b, t in zip(*sched.tiles.tolist()) if b >= 0]
     assert got_tiles == tiles
     assert sched.tile_cost.tolist() == costs
@@ -177,3 +199,89 @@ def test_cache_refresh_rebuilds_only_when_the_offsets_change():
     check_against_spec(a, [100, 205, 64], [100, 205, 64], spec)
     other = qo.clone()
     assert cache.get(other, other, spec, int(qo[-1])) is not a
+
+
+@triton.jit
+def _target_geometry_kernel(offsets, num_targets, OUT, context, window, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+    """Per sequence and tile: a query tile's (lo, hi, full_lo, full_hi) and a key tile's (prefix end, lo, hi,
+    full_lo, full_hi) (query tiles of BLOCK_M rows over key blocks of BLOCK_N, key tiles the same way round)."""
+    from jfa.geometry import key_blocks, query_blocks, query_prefix, sequence_bounds
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    q_start, kv_start, lens = sequence_bounds(offsets, offsets, b)
+    seq = (lens[0], lens[1], tl.load(num_targets + b))
+    rule = (window, 0, context, True)
+    base = OUT + (b * TILES + t) * 9
+    lo, f_lo, f_hi, hi = key_blocks(t * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
+    tl.store(base + 0, lo)
+    tl.store(base + 1, hi)
+    tl.store(base + 2, f_lo)
+    tl.store(base + 3, f_hi)
+    lo, f_lo, f_hi, hi = query_blocks(t * BLOCK_M, seq, rule, BLOCK_N, BLOCK_M)
+    tl.store(base + 4, query_prefix(t * BLOCK_M, seq, rule, BLOCK_N, BLOCK_M))
+    tl.store(base + 5, lo)
+    tl.store(base + 6, hi)
+    tl.store(base + 7, f_lo)
+    tl.store(base + 8, f_hi)
+
+
+TARGET_CASES = {  # lengths, targets, contextual_len, window (HSTU's max_attn_len)
+    "targets": ([1, 2, 40, 63, 64, 65, 129, 200], [0, 2, 5, 1, 64, 3, 20, 200], 0, -1),
+    "targets-window": ([1, 40, 65, 129, 200], [1, 0, 3, 20, 7], 0, 17),
+    "context": ([1, 2, 40, 65, 129, 200], [0, 1, 5, 0, 20, 3], 5, -1),
+    "context-window": ([3, 40, 65, 129, 200], [1, 0, 3, 20, 7], 9, 30),
+    "context-longer-than-history": ([4, 6, 30], [2, 6, 1], 8, -1),
+}
+
+
+@pytest.mark.parametrize("name", list(TARGET_CASES))
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (64, 64), (16, 32)])
+def test_target_geometry_matches_the_rule(name, block_m, block_n):
+    """HSTU's mask (jfa.jagged.target_mask) in jfa.geometry: every pair a tile's rows see lies in its walk (a query
+    tile's key range; a key tile's context prefix and query range), the walk's ends are the first and last visible
+    pairs' blocks, and every pair in a full block is visible."""
+    from jfa.jagged import UNBOUNDED, target_mask
+    lens, targets, context, window = TARGET_CASES[name]
+    offsets, nt = offsets_of(lens), torch.tensor(targets, dtype=torch.int32)
+    tiles = max(-(-n // min(block_m, block_n)) for n in lens) + 1
+    out = torch.full((len(lens), tiles, 9), -7, dtype=torch.int32)
+    w = UNBOUNDED if window < 0 else window
+    _target_geometry_kernel[(len(lens), tiles)](offsets, nt, out, context, w, BLOCK_M=block_m, BLOCK_N=block_n,
+                                                TILES=tiles)
+    for b, (n, t) in enumerate(zip(lens, targets)):
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+        mask = target_mask(i, j, n, t, context, window)
+        for tile in range(-(-n // block_m)):
+            lo, hi, f_lo, f_hi, pre, qlo, qhi, qf_lo, qf_hi = out[b, tile].tolist()
+            rows = slice(tile * block_m, (tile + 1) * block_m)
+            keys = torch.nonzero(mask[rows].any(0)).flatten()
+            walk = torch.zeros(n, dtype=torch.bool)
+            walk[lo:hi] = True
+            assert walk[keys].all(), (name, b, tile, lo, hi, keys.tolist())
+            assert lo == int(keys.min()) // block_n * block_n and hi == int(keys.max()) + 1, (b, tile, lo, hi)
+            assert mask[rows, lo + (f_lo - lo):f_hi].all(), (b, tile, f_lo, f_hi)
+            # the key tile of the same rows: the queries that see its keys
+            queries = torch.nonzero(mask[:, rows].any(1)).flatten()
+            qwalk = torch.zeros(n, dtype=torch.bool)
+            qwalk[:pre] = True
+            qwalk[qlo:qhi] = True
+            assert pre % block_n == 0 and pre <= qlo or pre == 0, (b, tile, pre, qlo)
+            assert qwalk[queries].all(), (name, b, tile, pre, qlo, qhi, queries.tolist())
+            inner = queries[queries >= max(qlo, pre)]
+            assert qhi == int(queries.max()) + 1 and (not len(inner) or qlo == int(inner.min()) // block_n * block_n)
+            assert mask[qf_lo:qf_hi, rows].all(), (b, tile, qf_lo, qf_hi)
+
+
+@pytest.mark.parametrize("name", list(TARGET_CASES))
+@pytest.mark.parametrize("key_tiles", [False, True], ids=["query-tiles", "key-tiles"])
+def test_target_schedule_matches_the_spec(name, key_tiles):
+    """HSTU's mask's tile classes in the schedule: each tile costed by its walk (a key tile's context prefix too),
+    dealt as the spec says."""
+    lens, targets, context, window = TARGET_CASES[name]
+    qo, nt = offsets_of(lens), torch.tensor(targets, dtype=torch.int32)
+    left, right = resolve_window(True, (window, -1))
+    if key_tiles:  # as jfa.hopper.config.key_tile_schedule makes it: the window mirrored
+        left, right = right, left
+    spec = ScheduleSpec(int(qo[-1]), 2, 32, 16, left, right, 5, targets=True, context=context, key_tiles=key_tiles)
+    check_against_spec(schedule.build(qo, qo, spec, int(qo[-1]), nt), lens, lens, spec, targets)
