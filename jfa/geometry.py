@@ -42,6 +42,16 @@ def sequence_bounds(q_offsets, kv_offsets, seq):
 
 
 @triton.jit
+def sequence_rule(seq_id, lens, LEFT, RIGHT, num_targets, context, TARGETS: tl.constexpr):
+    """(seq, rule) of sequence seq_id as the helpers below take them: its lengths and the window, or with TARGETS
+    (HSTU's mask) its lengths and targets (num_targets[seq_id]) and the window over positions and the prefix."""
+    if TARGETS:
+        return (lens[0], lens[1], tl.load(num_targets + seq_id).to(tl.int32)), (LEFT, RIGHT, context, True)
+    else:
+        return lens, (LEFT, RIGHT)
+
+
+@triton.jit
 def mirror(seq, rule):
     """The transposed problem's (seq, rule): keys as rows."""
     return (seq[1], seq[0]), (rule[1], rule[0])

@@ -60,11 +60,22 @@ class Case:
     scale: float
     activation: str = "softmax"
     out_scale: object = 1.0  # a float, or a float32 tensor [rows] (one factor per output row)
+    num_targets: torch.Tensor | None = None  # HSTU's mask (jfa.jagged.target_mask), with contextual_len
+    contextual_len: int = 0
 
     def options(self) -> dict:
         """The public functions' mask and score arguments for this case."""
-        return dict(window=(self.left, self.right), scale=self.scale, activation=self.activation,
+        opts = dict(window=(self.left, self.right), scale=self.scale, activation=self.activation,
                     out_scale=self.out_scale)
+        if self.num_targets is not None:
+            opts.update(num_targets=self.num_targets, contextual_len=self.contextual_len, causal=True)
+        return opts
+
+    def mask(self) -> dict:
+        """The reference's mask and score arguments."""
+        return dict(scale=self.scale, left=self.left, right=self.right, broadcast=self.broadcast,
+                    activation=self.activation, out_scale=self.out_scale, num_targets=self.num_targets,
+                    contextual_len=self.contextual_len)
 
 
 def offsets_of(lengths, device="cpu", dtype=torch.int32):
@@ -76,9 +87,11 @@ def offsets_of(lengths, device="cpu", dtype=torch.int32):
 
 def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, device="cpu", causal=False,
               window=(-1, -1), broadcast_lq=None, seed=0, offsets_dtype=torch.int32, activation="softmax",
-              out_scale=1.0) -> Case:
+              out_scale=1.0, num_targets=None, contextual_len=0) -> Case:
     """Random inputs. Self-attention when kv_lens is None; broadcast mode when broadcast_lq is an int
-    (then q_lens is ignored and kv_lens gives the B sequences). out_scale="rows": a random factor per output row."""
+    (then q_lens is ignored and kv_lens gives the B sequences). out_scale="rows": a random factor per output row.
+    num_targets: counts per sequence (HSTU's mask: causal self-attention), or "random" (0 to the length, all-target
+    sequences among them)."""
     g = torch.Generator().manual_seed(seed)
     broadcast = broadcast_lq is not None
     self_attention = kv_lens is None and not broadcast
@@ -101,7 +114,15 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
                rnd(rows_out, hq, d))
     if isinstance(out_scale, str) and out_scale == "rows":
         out_scale = (0.5 + torch.rand(rows_out, generator=g)).to(device)
-    return Case(*tensors, left, right, broadcast, 1.0 / math.sqrt(d), activation, out_scale)
+    if isinstance(num_targets, str) and num_targets == "random":  # every length once all targets, else at random
+        lens = torch.as_tensor(q_lens, dtype=torch.int64)
+        num_targets = (torch.rand(len(q_lens), generator=g) * (lens + 1).double()).long().clamp(max=lens)
+        num_targets[::3] = torch.minimum(lens[::3], torch.tensor(2))
+        num_targets[1::5] = lens[1::5]
+    if num_targets is not None:
+        num_targets = torch.as_tensor(num_targets).to(device=device, dtype=offsets_dtype)
+    return Case(*tensors, left, right, broadcast, 1.0 / math.sqrt(d), activation, out_scale, num_targets,
+                contextual_len)
 
 
 def reference_results(case: Case, compute_dtype=torch.float64):
@@ -112,8 +133,7 @@ def reference_results(case: Case, compute_dtype=torch.float64):
     (jfa.reference.attention_backward: Delta = rowsum(dO * O)), so that its error is the error this
     algorithm has at this dtype.
     """
-    kw = dict(scale=case.scale, left=case.left, right=case.right, broadcast=case.broadcast,
-              activation=case.activation, out_scale=case.out_scale)
+    kw = case.mask()
     if compute_dtype is None:
         dt = case.q.dtype
         out, lse = reference.attention(case.q, case.k, case.v, case.q_offsets, case.kv_offsets, **kw,
@@ -220,9 +240,7 @@ def compare(case: Case, out, lse, grads=None, names=("out", "lse", "dq", "dk", "
     if grads is not None and case.q.dtype == torch.float32:
         sizes += list(reference.attention_backward(
             case.dout.double(), None, case.q.double(), case.k.double(), case.v.double(), truth[0].double(),
-            case.q_offsets, case.kv_offsets, scale=case.scale, left=case.left, right=case.right,
-            broadcast=case.broadcast, compute_dtype=torch.float64, magnitudes=True, activation=case.activation,
-            out_scale=case.out_scale))
+            case.q_offsets, case.kv_offsets, compute_dtype=torch.float64, magnitudes=True, **case.mask()))
     failures = []
     for name, a, t, p, size in zip(names, got, truth, lowp, sizes + [None] * 3):
         dtype = torch.float32 if name == "lse" else case.q.dtype

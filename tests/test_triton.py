@@ -137,3 +137,34 @@ def test_triton_activation_deterministic():
     first, again = (run_backend(case, "triton", deterministic=True) for _ in range(2))
     for a, b in zip((first[0], *first[2]), (again[0], *again[2])):
         assert torch.equal(a, b)
+
+
+TARGETS = {  # HSTU's mask: lengths, contextual_len, window (HSTU's max_attn_len; -1: none)
+    "targets": (CPU_MODES["causal"]["q_lens"], 0, -1),
+    "targets-window": (CPU_MODES["causal"]["q_lens"], 0, 20),
+    "targets-context-1": (CPU_MODES["causal"]["q_lens"], 1, -1),
+    "targets-context-5-window": (CPU_MODES["causal"]["q_lens"], 5, 33),
+}
+
+
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_triton_target_masks(name, activation):
+    """HSTU's mask (targets that see the history and themselves, a contextual prefix, a window over positions)
+    against the float64 rule (jfa.jagged.target_mask), forward and backward, GQA, random target counts with 0 and
+    all-target sequences."""
+    lens, context, window = TARGETS[name]
+    case = make_case(lens, causal=True, window=(window, -1), num_targets="random", contextual_len=context, hq=4,
+                     hkv=2, activation=activation, out_scale=1.0 if activation == "softmax" else 0.1, seed=9)
+    out, lse, grads = run_triton(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a not in ("silu", )])
+def test_triton_target_masks_every_activation(activation):
+    case = make_case(CPU_MODES["causal"]["q_lens"], causal=True, num_targets="random", contextual_len=2,
+                     activation=activation, out_scale=0.2, seed=10)
+    out, lse, grads = run_triton(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)

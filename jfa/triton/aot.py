@@ -32,7 +32,7 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
     """Compile one kernel for sm_90 with the config the launcher would pick."""
     t, cfgs = _TL[dtype], select_config(_DEVICE, head_dim, dtype)
     ptr = {"q_offsets": "*i32", "kv_offsets": "*i32", "tiles": "*i32", "LSE": "*fp32", "DELTA": "*fp32",
-           "DLSE": "*fp32", "qk_scale": "fp32", "scale": "fp32", "out_scale": "fp32"}
+           "DLSE": "*fp32", "qk_scale": "fp32", "scale": "fp32", "out_scale": "fp32", "NUM_TARGETS": "*i32"}
     for x in ("Q", "K", "V", "O", "DO", "DK", "DV"):
         ptr[x] = f"*{t}"
     if name == "fwd":

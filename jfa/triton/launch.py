@@ -71,7 +71,13 @@ def constexprs(cfg: TileConfig, p: Problem) -> dict:
     jfa.triton.aot's one mapping)."""
     return dict(GROUP=p.group, D=p.head_dim, BLOCK_D=block_d(p.head_dim), DOT=dot_mode(p.q.dtype),
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=p.broadcast, ACT=act_code(p.activation),
-                FAST=not interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                FAST=not interpreting(), TARGETS=p.targets, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def mask_args(p: Problem) -> tuple:
+    """The mask's run-time arguments: the window, and HSTU's targets (their counts, or any pointer when none) and
+    contextual prefix."""
+    return p.left, p.right, p.q_offsets if p.num_targets is None else p.num_targets, p.contextual_len
 
 
 def forward(p: Problem, configs: Configs | None = None):
@@ -87,7 +93,7 @@ def forward(p: Problem, configs: Configs | None = None):
     kernels.attention_fwd_kernel[(tiles.shape[1], p.heads)](
         q, k, v, out, lse, p.q_offsets, p.kv_offsets, tiles, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), tiles.shape[1],
-        score_scale(p.scale, p.activation), p.out_scale, p.left, p.right, **constexprs(cfg, p))
+        score_scale(p.scale, p.activation), p.out_scale, *mask_args(p), **constexprs(cfg, p))
     return scaled_rows(out, p), lse
 
 
@@ -131,7 +137,7 @@ def _bwd_dkdv(p: Problem, g: _Grads, dk, dv, cfg: TileConfig):
         q, k, v, g.dout, g.lse, g.delta, dk, dv, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.dout.stride(0), g.dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        g.lse.stride(0), tiles.shape[1], *backward_scales(p), p.left, p.right, **constexprs(cfg, p))
+        g.lse.stride(0), tiles.shape[1], *backward_scales(p), *mask_args(p), **constexprs(cfg, p))
 
 
 def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
@@ -142,4 +148,4 @@ def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
         q, k, v, g.dout, g.lse, g.delta, dq, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.dout.stride(0), g.dout.stride(1), dq.stride(0), dq.stride(1), g.lse.stride(0),
-        tiles.shape[1], *backward_scales(p), p.left, p.right, **constexprs(cfg, p))
+        tiles.shape[1], *backward_scales(p), *mask_args(p), **constexprs(cfg, p))

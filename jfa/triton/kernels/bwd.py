@@ -15,7 +15,7 @@ scale c arrives folded into the factors dK and dQ take (scale = scale * c) and d
 import triton
 import triton.language as tl
 
-from ...geometry import key_blocks, query_blocks, sequence_bounds, visible
+from ...geometry import key_blocks, query_blocks, query_prefix, sequence_bounds, sequence_rule, visible
 from ...variants import SOFTMAX, activation_grad, activation_with_grad, softmax_dscores, softmax_weights
 from .common import mma
 
@@ -63,10 +63,10 @@ def attention_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, q_offsets, kv_offsets, tiles,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
-    tile_capacity, scale, qk_scale, LEFT, RIGHT,
+    tile_capacity, scale, qk_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, TARGETS: tl.constexpr,
 ):
     i_tile = tl.program_id(0)
     i_hk = tl.program_id(1)
@@ -76,7 +76,7 @@ def attention_bwd_dkdv_kernel(
     n0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_N
     q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
     q_len, kv_len = lens[0], lens[1]
-    rule = (LEFT, RIGHT)
+    lens, rule = sequence_rule(seq, lens, LEFT, RIGHT, NUM_TARGETS, CONTEXT, TARGETS)
     Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
     DO += q_start.to(tl.int64) * stride_dot
     LSE += q_start
@@ -102,6 +102,10 @@ def attention_bwd_dkdv_kernel(
                                  (1, 0))
         LSEh = LSE + i_h * stride_lh
         DELTAh = DELTA + i_h * stride_lh
+        if TARGETS:  # HSTU's mask: the context rows before the tile's queries (jfa.geometry.query_prefix)
+            dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, 0,
+                                  query_prefix(n0, lens, rule, BLOCK_M, BLOCK_N), lens, rule, qk_scale, BLOCK_M,
+                                  True, DOT, ACT, FAST)
         dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, lo, full_lo, lens, rule,
                               qk_scale, BLOCK_M, True, DOT, ACT, FAST)
         dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_lo, full_hi, lens, rule,
@@ -152,10 +156,10 @@ def attention_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, q_offsets, kv_offsets, tiles,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh, stride_lh,
-    tile_capacity, scale, qk_scale, LEFT, RIGHT,
+    tile_capacity, scale, qk_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, TARGETS: tl.constexpr,
 ):
     i_tile = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -165,7 +169,7 @@ def attention_bwd_dq_kernel(
     m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
     q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
     q_len, kv_len = lens[0], lens[1]
-    rule = (LEFT, RIGHT)
+    lens, rule = sequence_rule(seq, lens, LEFT, RIGHT, NUM_TARGETS, CONTEXT, TARGETS)
     Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
     q_rows, kv_rows, i_hk = q_start.to(tl.int64), kv_start.to(tl.int64), i_h // GROUP
 

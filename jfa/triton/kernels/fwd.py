@@ -9,7 +9,7 @@ In broadcast mode every sequence reads the same dense q rows [0, Lq); output row
 import triton
 import triton.language as tl
 
-from ...geometry import key_blocks, sequence_bounds, visible
+from ...geometry import key_blocks, sequence_bounds, sequence_rule, visible
 from ...variants import SOFTMAX, activation, online_softmax, softmax_lse
 from .common import mma
 
@@ -48,13 +48,13 @@ def _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, start, end, seq, rule,
 @triton.jit
 def _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h,
               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-              qk_scale, out_scale, LEFT, RIGHT, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+              qk_scale, out_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr,
-              ACT: tl.constexpr, FAST: tl.constexpr):
+              ACT: tl.constexpr, FAST: tl.constexpr, TARGETS: tl.constexpr):
     """Query rows [m0, m0 + BLOCK_M) of sequence `seq`, head i_h: output and (softmax) lse."""
     q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
     q_len = lens[0]
-    rule = (LEFT, RIGHT)
+    lens, rule = sequence_rule(seq, lens, LEFT, RIGHT, NUM_TARGETS, CONTEXT, TARGETS)
     Q += i_h * stride_qh
     if not BROADCAST:  # broadcast: every sequence reads the same dense q rows
         Q += q_start.to(tl.int64) * stride_qt
@@ -96,10 +96,10 @@ def _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h,
 def attention_fwd_kernel(
     Q, K, V, O, LSE, q_offsets, kv_offsets, tiles,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-    tile_capacity, qk_scale, out_scale, LEFT, RIGHT,
+    tile_capacity, qk_scale, out_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, TARGETS: tl.constexpr,
 ):
     """One program per (tile of the tile table, head)."""
     i_tile = tl.program_id(0)
@@ -109,5 +109,5 @@ def attention_fwd_kernel(
         m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
         _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h, stride_qt, stride_qh, stride_kt,
                   stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, LEFT,
-                  RIGHT, GROUP, D, BLOCK_D, BLOCK_M, BLOCK_N, BROADCAST, DOT, ACT, FAST)
+                  RIGHT, NUM_TARGETS, CONTEXT, GROUP, D, BLOCK_D, BLOCK_M, BLOCK_N, BROADCAST, DOT, ACT, FAST, TARGETS)
 
