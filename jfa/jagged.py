@@ -108,9 +108,32 @@ def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1, targets=None
     kv_lens = torch.as_tensor(kv_lens)
     if targets is not None:
         num_targets, c = torch.as_tensor(targets[0]).long().tolist(), targets[1]
-        return sum(int(visible_mask(n, n, left, right, targets=(t, c)).sum())
-                   for n, t in zip(q_lens.long().tolist(), num_targets))
+        return sum(_target_pairs(n, t, c, left) for n, t in zip(q_lens.long().tolist(), num_targets))
     return int(visible_counts_per_row(q_lens, kv_lens, left, right).sum())
+
+
+def _target_pairs(n: int, t: int, c: int, window: int) -> int:
+    """Visible pairs of target_mask in one sequence, counted row by row from the positions (the mask itself where
+    the history has no position, U <= 0)."""
+    c1 = max(c - 1, 0)
+    u = n - t - c1
+    if n == 0:
+        return 0
+    if u <= 0:
+        return int(visible_mask(n, n, window, 0, targets=(t, c)).sum())
+    w = window if 0 <= window < UNBOUNDED else n
+    i = torch.arange(n)
+    pi = torch.clamp(torch.clamp(i - c1, min=0), max=u)
+    a, b = torch.clamp(pi - w, min=0), pi - 1  # the positions of the keys a row sees (besides itself)
+
+    def keys_at(lo, hi):  # keys whose position lies in [lo, hi]: c1 + 1 at 0, one at each of 1..u-1, t at u
+        zero = ((lo <= 0) & (hi >= 0)).long() * (c1 + 1)
+        middle = torch.clamp(torch.minimum(hi, torch.tensor(u - 1)) - torch.clamp(lo, min=1) + 1, min=0)
+        return zero + middle + ((lo <= u) & (hi >= u)).long() * t
+    counts = 1 + keys_at(a, b)
+    if c > 0:  # the context rows (position 0) see every key of the history, themselves among them
+        counts = torch.where(pi == 0, torch.tensor(n - t), counts)
+    return int(counts.sum())
 
 
 def tile_capacity(rows: int, block: int, batch: int) -> int:

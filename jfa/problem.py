@@ -90,6 +90,12 @@ class Problem:
         """One offsets tensor for both sides, as self-attention's callers pass it."""
         return self.q_offsets is self.kv_offsets
 
+    def mask_args(self) -> tuple:
+        """The kernels' run-time mask arguments: the window (LEFT, RIGHT), HSTU's target counts (any pointer when
+        there are none) and contextual prefix."""
+        return self.left, self.right, self.q_offsets if self.num_targets is None else self.num_targets, \
+            self.contextual_len
+
     def replace(self, **changes) -> "Problem":
         return dataclasses.replace(self, **changes)
 

@@ -46,10 +46,13 @@ def report(name: str, head_dim: int, dtype: str, ptx: str) -> Report:
     return Report(name, head_dim, dtype, len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
 
 
-def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, group: int = 1, **fields) -> Problem:
+def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, group: int = 1, targets: bool = False,
+                 **fields) -> Problem:
     """A Problem of meta tensors with these shapes: what a kernel's compile-time arguments are read from when it is
-    compiled ahead of time (no data, no GPU)."""
+    compiled ahead of time (no data, no GPU); targets: with HSTU's mask."""
     def meta(heads):
         return torch.empty(128, heads, head_dim, dtype=dtype, device="meta")
     offsets = torch.empty(3, dtype=torch.int32, device="meta")
+    if targets:
+        fields.update(num_targets=torch.empty(2, dtype=torch.int32, device="meta"))
     return Problem(meta(group), meta(1), meta(1), offsets, offsets, 1.0, 1 << 30, 1 << 30, broadcast, **fields)

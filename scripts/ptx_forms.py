@@ -42,7 +42,8 @@ def _schedule_forms():
     from jfa import schedule
     fn = schedule.refresh_kernel
     consts = dict(BLOCK_M=128, BLOCK_N=128, CLASSES=schedule.CLASSES, WINDOW_ROUNDS=schedule.WINDOW_ROUNDS,
-                  ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK)
+                  ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK, TARGETS=False,
+                  KEY_TILES=False)
 
     def compile_refresh(offsets):
         sig = {a: "constexpr" if a in consts else offsets if a.endswith(("offsets", "targets")) else "*i64" if a == "seen"

@@ -148,7 +148,8 @@ def test_hopper_forward_for_short_sequences_stores_o_in_16_byte_pieces(hopper_re
 
 def test_schedule_kernel_compiles_for_sm90():
     """The schedule's refresh kernel (run by the interpreter in tests/test_schedule.py) also builds for the GPU
-    (the interpreter accepts code that the compiler rejects), for int32 and int64 offsets."""
+    (the interpreter accepts code that the compiler rejects), for int32 and int64 offsets, and its recommendation
+    mask walks (query tiles and key tiles)."""
     script = r"""
 import triton
 from triton.backends.compiler import GPUTarget
@@ -157,10 +158,12 @@ from jfa import schedule
 from jfa.schedule import refresh_kernel as fn
 consts = dict(BLOCK_M=128, BLOCK_N=128, CLASSES=schedule.CLASSES, WINDOW_ROUNDS=schedule.WINDOW_ROUNDS,
               ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK)
-for offsets in ("*i32", "*i64"):
-    sig = {a: "constexpr" if a in consts else offsets if a.endswith(("offsets", "targets")) else "*i64" if a == "seen"
+forms = [("*i32", False, False), ("*i64", False, False), ("*i32", True, False), ("*i64", True, True)]
+for offsets, targets, key_tiles in forms:
+    form = dict(consts, TARGETS=targets, KEY_TILES=key_tiles)
+    sig = {a: "constexpr" if a in form else offsets if a.endswith(("offsets", "targets")) else "*i64" if a == "seen"
            else "*i32" if a in ("scratch", "tiles", "tile_cost", "order", "sm_start") else "i32" for a in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    src = ASTSource(fn=fn, signature=sig, constexprs=form)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options=dict(num_warps=schedule.REFRESH_BLOCK // 256)).asm["ptx"]
     print(offsets, ptx.count("st.global"), ptx.count("atom.global"))
@@ -168,8 +171,8 @@ for offsets in ("*i32", "*i64"):
     env = dict(os.environ, TRITON_INTERPRET="0")
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    counts = [[int(x) for x in line.split()[1:]] for line in res.stdout.strip().splitlines()[-2:]]
-    assert len(counts) == 2 and all(stores > 0 and atomics > 0 for stores, atomics in counts), res.stdout
+    counts = [[int(x) for x in line.split()[1:]] for line in res.stdout.strip().splitlines()[-4:]]
+    assert len(counts) == 4 and all(stores > 0 and atomics > 0 for stores, atomics in counts), res.stdout
 
 
 def test_hopper_tma_descriptor_views_rows_in_place_or_copies():

@@ -9,7 +9,7 @@ import jfa
 import jfa.variants
 from jfa import hopper
 from jfa.hopper import config
-from jfa.testing import GPU_MODES, case_problem, compare, make_case, run_backend, run_kernels
+from jfa.testing import GPU_LENS, GPU_MODES, case_problem, compare, make_case, run_backend, run_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -253,5 +253,39 @@ def test_hopper_activation_deterministic_and_short_q():
     case = make_case(**dict(MODES["cross"], hq=4, hkv=2), d=128, dtype=torch.bfloat16, device="cuda", seed=4,
                      activation="silu", out_scale=0.1)
     out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=plan), "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+TARGET_MASKS = {  # HSTU's mask on the GPU lengths: contextual_len, window (HSTU's max_attn_len; -1: none)
+    "targets": (0, -1), "targets-window": (0, 100), "context-1": (1, -1), "context-5-window": (5, 300),
+}
+
+
+@pytest.mark.parametrize("activation", ["softmax", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("mask", list(TARGET_MASKS))
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_target_masks(mask, activation, d):
+    """HSTU's mask (jfa.jagged.target_mask) against the float64 rule, forward and backward, GQA, random target
+    counts (0 and all-target sequences among them)."""
+    context, window = TARGET_MASKS[mask]
+    case = make_case(GPU_LENS, causal=True, window=(window, -1), num_targets="random", contextual_len=context,
+                     hq=8, hkv=2, d=d, dtype=torch.bfloat16, device="cuda", seed=17, activation=activation,
+                     out_scale=1.0 if activation == "softmax" else 1 / 2048)
+    out, lse, grads = run_backend(case, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
+@pytest.mark.parametrize("form", list(FWD_FORMS))
+def test_hopper_target_mask_forms(form, route):
+    """HSTU's mask through every forward form and dQ route (handed in), with a context and a window."""
+    cfg, plan = dataclasses.replace(FWD_FORMS[form], posted_items=False), _plan(route, 128)
+    plan = dataclasses.replace(plan, dkdv=dataclasses.replace(plan.dkdv, posted_items=False))
+    case = make_case(GPU_LENS, causal=True, window=(200, -1), num_targets="random", contextual_len=3, hq=4, hkv=4,
+                     d=128, dtype=torch.bfloat16, device="cuda", seed=18, activation="silu", out_scale=0.01)
+    out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
+                                  lambda *args: hopper.backward(*args, plan=plan), "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)

@@ -15,7 +15,7 @@ from . import bwd, bwd_dq, fwd
 from .config import DkdvConfig, DqConfig, DqRoute, FwdConfig, select_dkdv, select_dq, select_fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-_SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start")
+_SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start", "num_targets")
 
 
 def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options) -> Report:
@@ -60,19 +60,20 @@ def _host_tensor(head_dim, dtype):
 
 
 def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: FwdConfig | None = None,
-                activation="softmax") -> Report:
-    """The forward (jfa.hopper.fwd) in config cfg (select_fwd's for an unbounded mean key length by default)."""
+                activation="softmax", targets=False) -> Report:
+    """The forward (jfa.hopper.fwd) in config cfg (select_fwd's for an unbounded mean key length by default);
+    targets: with HSTU's mask."""
     cfg = cfg or select_fwd(head_dim)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg)))
-    constexprs = fwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation))
+    constexprs = fwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation, targets=targets))
     types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
     return _compile("hopper_fwd", fwd.hopper_fwd_kernel, descs, constexprs, types, head_dim, dtype,
                     **cfg.launch_options())
 
 
 def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: DkdvConfig | None = None,
-                 activation="softmax") -> Report:
+                 activation="softmax", targets=False) -> Report:
     """The dK/dV kernel (jfa.hopper.bwd) in config cfg (select_dkdv's without dQ by default), reported as
     hopper_dkdv (no dQ), hopper_bwd (the one pass, DqRoute.REDUCE) or hopper_dkdv_dq (DqRoute.DIRECT)."""
     cfg = cfg or select_dkdv(head_dim)
@@ -80,7 +81,7 @@ def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: DkdvCo
     dq = _host_tensor(head_dim, torch.float32)
     names = ("q_desc", "do_desc", "k_desc", "v_desc", "dq_desc")
     descs = dict(zip(names, bwd.descriptors(x, x, x, x, cfg, dq)))
-    constexprs = bwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation))
+    constexprs = bwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation, targets=targets))
     types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "DQ": f"*{_TL[dtype]}", "LSE": "*fp32",
              "DELTA": "*fp32", "scale": "fp32", "qk_scale": "fp32"}
     name = {DqRoute.NONE: "hopper_dkdv", DqRoute.REDUCE: "hopper_bwd", DqRoute.DIRECT: "hopper_dkdv_dq"}[cfg.dq]
@@ -88,13 +89,14 @@ def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: DkdvCo
 
 
 def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False, skip_kv=0, cfg: DqConfig | None = None,
-               activation="softmax") -> Report:
+               activation="softmax", targets=False) -> Report:
     """The dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials; skip_kv > 0: it skips the sequences
     of at most that many keys (DqRoute.DIRECT)."""
     cfg = cfg or select_dq(head_dim)
     x = _host_tensor(head_dim, dtype)
     descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, cfg)))
-    constexprs = bwd_dq.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation), skip_kv)
+    constexprs = bwd_dq.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation,
+                                                     targets=targets), skip_kv)
     types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
              "qk_scale": "fp32"}
     return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, descs, constexprs, types, head_dim, dtype)

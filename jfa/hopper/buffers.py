@@ -234,7 +234,8 @@ class ItemOperands:
         rec = self.meta.index(t % self.SLOTS).load(k.type.layout)
         head = _field(rec, k, 0)
         return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), _field(rec, k, 3), _field(rec, k, 4),
-                    _field(rec, k, 5), _field(rec, k, 6), _field(rec, k, 7))
+                    _field(rec, k, 5), _field(rec, k, 6), _field(rec, k, 7), gl.to_tensor(0), gl.to_tensor(0),
+                    False)  # (no posted items with HSTU's mask: jfa.hopper.config)
 
     @gluon.jit
     def acquire(self, t):

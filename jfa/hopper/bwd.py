@@ -58,19 +58,29 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
                 row = tile.kv_start + tile.start + w * WG_ROWS
                 kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
             for g in range(shape.GROUP):
-                col = (tile.head * shape.GROUP + g) * HEAD_DIM
+                if batch.TARGETS:  # HSTU's mask: the context rows first (the walk: Item.block_start)
+                    for m0 in range(0, tile.pre, BLOCK_M):
+                        it = _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats)
                 for m0 in range(tile.lo, tile.hi, BLOCK_M):  # the item's walk (Item.n_blocks blocks)
-                    q_row = m0 if shape.BROADCAST else tile.q_start + m0  # broadcast: one dense q
-                    qdo.claim(it)
-                    if (stats is not None) and (shape.ACT == SOFTMAX):  # (an activation needs neither)
-                        head_row = (tile.head * shape.GROUP + g) * grads.stride_lh
-                        stats.put(it, grads.LSE + head_row, grads.DELTA + head_row, tile.q_start + m0,
-                                  grads.stride_lh)
-                    qdo.issue(it, q_desc, [q_row, col], do_desc, [tile.q_start + m0, col])
-                    it += 1
+                    it = _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats)
             t += 1
     if kv_ops.POSTED:
         kv_ops.close(t)  # the consumers' end mark
+
+
+@gluon.jit
+def _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats):
+    """Producer: the (Q, dO) block of rows m0.. of query head g of the item's group into ring block it (and the
+    rows' LSE and Delta beside it in the one pass) -> the next block's count."""
+    HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
+    col = (tile.head * shape.GROUP + g) * HEAD_DIM
+    q_row = m0 if shape.BROADCAST else tile.q_start + m0  # broadcast: one dense q
+    qdo.claim(it)
+    if (stats is not None) and (shape.ACT == SOFTMAX):  # (an activation needs neither)
+        head_row = (tile.head * shape.GROUP + g) * grads.stride_lh
+        stats.put(it, grads.LSE + head_row, grads.DELTA + head_row, tile.q_start + m0, grads.stride_lh)
+    qdo.issue(it, q_desc, [q_row, col], do_desc, [tile.q_start + m0, col])
+    return it + 1
 
 
 @gluon.jit
@@ -95,6 +105,9 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
         c.kv_ops.wait(t, WG)
     # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
     j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.seq(), c.batch.rule(), BLOCK_M, WG_ROWS)
+    if c.batch.TARGETS:  # HSTU's mask: the context rows' (masked) blocks first
+        n_pre = tile.n_pre(BLOCK_M)
+        n_blocks, j_lo, j_hi = n_blocks + n_pre, j_lo + n_pre, j_hi + n_pre
     if ONE_PASS:  # keys past the sequence's end reach dQ: their blocks take the mask
         j_hi = gl.where(k0 + WG_ROWS > tile.kv_len, j_lo, j_hi)
     want_dq = tile.kv_len <= c.shape.BLOCK_N  # DIRECT: this item holds every key of its sequence
@@ -104,7 +117,7 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
             begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
             end_j = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
             for j in range(begin, end_j):
-                blk = QBlock(tile.lo + j * BLOCK_M, it, t, i_h)
+                blk = QBlock(tile.block_start(j, BLOCK_M), it, t, i_h)
                 if ONE_PASS:
                     dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,
                                              DIRECT=DIRECT)
@@ -148,17 +161,18 @@ def _dkdv_partition(c, work, d, DIRECT: gl.constexpr):
 @gluon.jit
 def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles,
                        order, sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-                       stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, GROUP: gl.constexpr,
-                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, SERIAL: gl.constexpr,
-                       BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
-                       KV_SLOTS: gl.constexpr, POSTED: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
+                       stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, num_targets, CONTEXT,
+                       GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                       SERIAL: gl.constexpr, BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
+                       KV_SLOTS: gl.constexpr, POSTED: gl.constexpr, ACT: gl.constexpr, TARGETS: gl.constexpr,
+                       num_warps: gl.constexpr):
     """ONE_PASS: dQ too (DkdvConfig.one_pass), with the rows' LSE and Delta through shared memory (RowStats):
     through the writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with DIRECT, only for the
     sequences whose keys fit one item, stored into DQ (q's dtype) by the consumers (DqRoute.DIRECT). Else neither
     dq_desc nor DQ is used."""
     shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, SERIAL, BROADCAST, ACT)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads_kv)
-    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
+    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS)
     grads = DkdvGrads.create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
                              stride_dqh, stride_lh, scale, qk_scale)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS, POSTED)
@@ -200,7 +214,8 @@ def descriptors(q, dout, k, v, cfg: DkdvConfig, dq=None):
 
 def constexprs(cfg: DkdvConfig, p: Problem) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
-    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation), num_warps=4)
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation),
+                TARGETS=p.targets, num_warps=4)
 
 
 def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None):
@@ -209,12 +224,12 @@ def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None):
     of them); DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile."""
     q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
-    spec = key_tile_schedule(k.shape[0], k.shape[1], cfg, p.left, p.right, sms)
-    sched = CACHE.get(p.kv_offsets, p.q_offsets, spec, dout.shape[0])
+    spec = key_tile_schedule(p, cfg, sms)
+    sched = CACHE.get(p.kv_offsets, p.q_offsets, spec, dout.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
     dq_out = dq if cfg.dq == DqRoute.DIRECT else dk  # (dk stands in, unused)
     hopper_dkdv_kernel[(sms, )](
         *descriptors(q, dout, k, v, cfg, dq), dk, dv, dq_out, lse, delta, p.q_offsets, p.kv_offsets, sched.tiles,
         sched.order, sched.sm_start, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_out.stride(0),
-        dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], *backward_scales(p), p.left, p.right,
+        dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], *backward_scales(p), *p.mask_args(),
         **constexprs(cfg, p))

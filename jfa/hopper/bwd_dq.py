@@ -184,11 +184,12 @@ def _store_dq(grads, dq, row0, tile):
 @gluon.jit
 def hopper_dq_kernel(q_desc, do_desc, k_desc, v_desc, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles, order, sm_start,
                      stride_dqt, stride_dqh, stride_lh, tile_capacity, heads, scale, qk_scale, LEFT, RIGHT,
-                     GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, BROADCAST: gl.constexpr,
-                     SKIP_KV: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
+                     num_targets, CONTEXT, GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     BROADCAST: gl.constexpr, SKIP_KV: gl.constexpr, ACT: gl.constexpr, TARGETS: gl.constexpr,
+                     num_warps: gl.constexpr):
     shape = Shape(GROUP, 2 * WG_ROWS, BLOCK_N, 2, False, BROADCAST, ACT)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
-    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
+    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS)
     qdo_ops = ItemOperands.alloc(q_desc, do_desc, 2, True)
     kv = Ring.alloc(k_desc, v_desc, STAGES, 2, False)
     grads = DqGrads.create(DQ, LSE, DELTA, stride_dqt, stride_dqh, stride_lh, scale, qk_scale)
@@ -209,7 +210,7 @@ def descriptors(q, dout, k, v, cfg: DqConfig):
 def constexprs(cfg: DqConfig, p: Problem, skip_kv: int) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
     return dict(GROUP=p.group, BROADCAST=p.broadcast, SKIP_KV=skip_kv, **cfg.constexprs(), ACT=act_code(p.activation),
-                num_warps=4)
+                TARGETS=p.targets, num_warps=4)
 
 
 def dq_pass(p: Problem, dout, lse, delta, dq, cfg: DqConfig, skip_kv: int = 0):
@@ -217,10 +218,10 @@ def dq_pass(p: Problem, dout, lse, delta, dq, cfg: DqConfig, skip_kv: int = 0):
     at most skip_kv keys."""
     q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
-    spec = query_tile_schedule(dq.shape[0], q.shape[1], cfg.block_m, p.left, p.right, sms)
-    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
+    spec = query_tile_schedule(p, dq.shape[0], cfg.block_m, sms)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
     hopper_dq_kernel[(sms, )](
         *descriptors(q, dout, k, v, cfg), dq, lse, delta, p.q_offsets, p.kv_offsets, sched.tiles, sched.order,
         sched.sm_start, dq.stride(0), dq.stride(1), lse.stride(0), sched.tiles.shape[1], q.shape[1],
-        *backward_scales(p), p.left, p.right, **constexprs(cfg, p, skip_kv))
+        *backward_scales(p), *p.mask_args(), **constexprs(cfg, p, skip_kv))

@@ -99,25 +99,36 @@ class Shape:
 
 @aggregate
 class Batch:
-    """Both offsets tensors and the mask's parameters (the window)."""
+    """Both offsets tensors and the mask's parameters: the window, and with TARGETS HSTU's mask's (the sequences'
+    target counts, the contextual prefix; jfa.jagged.target_mask)."""
     q_offsets: gl.tensor
     kv_offsets: gl.tensor
     LEFT: gl.tensor
     RIGHT: gl.tensor
+    num_targets: gl.tensor
+    CONTEXT: gl.tensor
+    TARGETS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, q_offsets, kv_offsets, LEFT, RIGHT):
+    def __init__(self, q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS):
         self.q_offsets = q_offsets
         self.kv_offsets = kv_offsets
         self.LEFT = LEFT
         self.RIGHT = RIGHT
+        self.num_targets = num_targets
+        self.CONTEXT = CONTEXT
+        self.TARGETS = gl.constexpr(TARGETS)
 
     @gluon.jit
-    def create(q_offsets, kv_offsets, LEFT, RIGHT):
+    def create(q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS: gl.constexpr):
         # to_tensor: an int argument equal to 1 arrives as a constexpr (Triton's specialization)
-        return Batch(q_offsets, kv_offsets, gl.to_tensor(LEFT), gl.to_tensor(RIGHT))
+        return Batch(q_offsets, kv_offsets, gl.to_tensor(LEFT), gl.to_tensor(RIGHT), num_targets,
+                     gl.to_tensor(CONTEXT), TARGETS)
 
     @gluon.jit
     def rule(self):
         """The mask's parameters as jfa.geometry takes them."""
-        return (self.LEFT, self.RIGHT)
+        if self.TARGETS:
+            return (self.LEFT, self.RIGHT, self.CONTEXT, True)
+        else:
+            return (self.LEFT, self.RIGHT)

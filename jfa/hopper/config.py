@@ -6,6 +6,7 @@ this, one call); docs/perf-notes.md has the runs and what lost.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -170,6 +171,8 @@ def select_bwd(p: Problem) -> BwdPlan:
     batch = max(p.batch, 1)
     route = dq_route(p.head_dim, p.broadcast, p.k.shape[0] / batch, p.deterministic)
     dkdv = select_dkdv(p.head_dim, route, p.rows / batch)
+    if p.targets:  # (HSTU's mask posts no items: fwd_config)
+        dkdv = dataclasses.replace(dkdv, posted_items=False)
     if route == DqRoute.REDUCE:
         return BwdPlan(dkdv, None)
     skip_kv = dkdv.block_n if route == DqRoute.DIRECT else 0
@@ -178,17 +181,20 @@ def select_bwd(p: Problem) -> BwdPlan:
 
 
 def fwd_config(p: Problem) -> FwdConfig:
-    return select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1))
+    """select_fwd's for the problem's shape; HSTU's mask posts no items (its Item has more than a record)."""
+    cfg = select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1))
+    return dataclasses.replace(cfg, posted_items=False) if p.targets else cfg
 
 
-def query_tile_schedule(rows: int, heads: int, block_m: int, left: int, right: int, ctas: int) -> ScheduleSpec:
+def query_tile_schedule(p: Problem, rows: int, block_m: int, ctas: int) -> ScheduleSpec:
     """The forward's and the dQ pass's items: query tiles of block_m rows x heads, costed in key blocks of
     SCHEDULE_BLOCK_N whatever the kernel's block (the cost only balances the CTAs), so at D=128 the dQ pass
     runs on the forward's schedule: one build per batch for both."""
-    return ScheduleSpec(rows, heads, block_m, SCHEDULE_BLOCK_N, left, right, ctas)
+    return ScheduleSpec(rows, p.heads, block_m, SCHEDULE_BLOCK_N, p.left, p.right, ctas, p.targets, p.contextual_len)
 
 
-def key_tile_schedule(kv_rows: int, heads_kv: int, cfg: DkdvConfig, left: int, right: int, ctas: int):
+def key_tile_schedule(p: Problem, cfg: DkdvConfig, ctas: int) -> ScheduleSpec:
     """The dK/dV pass's items: key tiles x kv heads, costed by the query blocks that see them (the schedule of
     the transposed problem: sides swapped, window mirrored; jfa.geometry)."""
-    return ScheduleSpec(kv_rows, heads_kv, cfg.block_n, cfg.block_m, right, left, ctas)
+    return ScheduleSpec(p.k.shape[0], p.heads_kv, cfg.block_n, cfg.block_m, p.right, p.left, ctas, p.targets,
+                        p.contextual_len, key_tiles=p.targets)

@@ -162,6 +162,17 @@ def dq_chunk(it, t, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
+def _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage):
+    """Writer: block it's chunks (rows m0..), in order from their owners -> (the next block's count, the last slot)."""
+    # broadcast q: this CTA's slab of Lq rows (the slabs are summed afterwards)
+    row = gl.program_id(0) * tile.q_len + m0 if shape.BROADCAST else tile.q_start + m0
+    for c in gl.static_range(stage.CHUNKS):
+        w, n = stage.owner(it, c)
+        prev = stage.drain(w, n, dq_desc, [row, col + c * DQ_COLS], prev)
+    return it + 1, prev
+
+
+@gluon.jit
 def dq_writer_partition(shape, work, batch, dq_desc, stage):
     """The writer warp: the (Q, dO) blocks of every item in the producer's order, each block's chunks in order
     (from their owners)."""
@@ -175,11 +186,9 @@ def dq_writer_partition(shape, work, batch, dq_desc, stage):
         if tile.valid:
             for g in range(shape.GROUP):
                 col = (tile.head * shape.GROUP + g) * HEAD_DIM
+                if batch.TARGETS:  # HSTU's mask: the context rows first, as the producer
+                    for m0 in range(0, tile.pre, shape.BLOCK_M):
+                        it, prev = _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage)
                 for m0 in range(tile.lo, tile.hi, shape.BLOCK_M):  # the item's walk, as the producer's
-                    # broadcast q: this CTA's slab of Lq rows (the slabs are summed afterwards)
-                    row = gl.program_id(0) * tile.q_len + m0 if shape.BROADCAST else tile.q_start + m0
-                    for c in gl.static_range(CHUNKS):
-                        w, n = stage.owner(it, c)
-                        prev = stage.drain(w, n, dq_desc, [row, col + c * DQ_COLS], prev)
-                    it += 1
+                    it, prev = _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage)
     tma.store_wait(0)

@@ -255,13 +255,13 @@ def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.cons
 
 @gluon.jit
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot,
-                      stride_oh, stride_lh, tile_capacity, heads, qk_scale, out_scale, LEFT, RIGHT,
-                      GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                      BROADCAST: gl.constexpr, COALESCED: gl.constexpr, POSTED: gl.constexpr, ACT: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      stride_oh, stride_lh, tile_capacity, heads, qk_scale, out_scale, LEFT, RIGHT, num_targets,
+                      CONTEXT, GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CONSUMERS: gl.constexpr, BROADCAST: gl.constexpr, COALESCED: gl.constexpr, POSTED: gl.constexpr,
+                      ACT: gl.constexpr, TARGETS: gl.constexpr, num_warps: gl.constexpr):
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST, ACT)
     work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
-    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT)
+    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS)
     out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, COALESCED)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
@@ -285,7 +285,8 @@ def descriptors(q, k, v, cfg: FwdConfig):
 
 def constexprs(cfg: FwdConfig, p: Problem) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
-    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation), num_warps=4)
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation),
+                TARGETS=p.targets, num_warps=4)
 
 
 def forward(p: Problem, cfg: FwdConfig | None = None):
@@ -300,11 +301,12 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
     ctas = num_sms(q.device) * cfg.ctas_per_sm
-    spec = query_tile_schedule(p.rows, p.heads, cfg.block_m, p.left, p.right, ctas)
-    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
+    spec = query_tile_schedule(p, p.rows, cfg.block_m, ctas)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
     q, k, v = aligned(q, k, v)
     hopper_fwd_kernel[(ctas, )](
         *descriptors(q, k, v, cfg), out, lse, p.q_offsets, p.kv_offsets, sched.tiles, sched.order, sched.sm_start,
         out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], p.heads,
-        score_scale(p.scale, p.activation), p.out_scale, p.left, p.right, **constexprs(cfg, p), **cfg.launch_options())
+        score_scale(p.scale, p.activation), p.out_scale, *p.mask_args(), **constexprs(cfg, p),
+        **cfg.launch_options())
     return scaled_rows(out, p), lse  # (a per-row out scale: times the output afterwards)

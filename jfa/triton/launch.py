@@ -74,12 +74,6 @@ def constexprs(cfg: TileConfig, p: Problem) -> dict:
                 FAST=not interpreting(), TARGETS=p.targets, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def mask_args(p: Problem) -> tuple:
-    """The mask's run-time arguments: the window, and HSTU's targets (their counts, or any pointer when none) and
-    contextual prefix."""
-    return p.left, p.right, p.q_offsets if p.num_targets is None else p.num_targets, p.contextual_len
-
-
 def forward(p: Problem, configs: Configs | None = None):
     """-> (out [rows, Hq, D], lse [Hq, rows] float32); configs: select_config's by default."""
     q, k, v = p.q, p.k, p.v
@@ -93,7 +87,7 @@ def forward(p: Problem, configs: Configs | None = None):
     kernels.attention_fwd_kernel[(tiles.shape[1], p.heads)](
         q, k, v, out, lse, p.q_offsets, p.kv_offsets, tiles, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), tiles.shape[1],
-        score_scale(p.scale, p.activation), p.out_scale, *mask_args(p), **constexprs(cfg, p))
+        score_scale(p.scale, p.activation), p.out_scale, *p.mask_args(), **constexprs(cfg, p))
     return scaled_rows(out, p), lse
 
 
@@ -137,7 +131,7 @@ def _bwd_dkdv(p: Problem, g: _Grads, dk, dv, cfg: TileConfig):
         q, k, v, g.dout, g.lse, g.delta, dk, dv, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.dout.stride(0), g.dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        g.lse.stride(0), tiles.shape[1], *backward_scales(p), *mask_args(p), **constexprs(cfg, p))
+        g.lse.stride(0), tiles.shape[1], *backward_scales(p), *p.mask_args(), **constexprs(cfg, p))
 
 
 def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
@@ -148,4 +142,4 @@ def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
         q, k, v, g.dout, g.lse, g.delta, dq, p.q_offsets, p.kv_offsets, tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.dout.stride(0), g.dout.stride(1), dq.stride(0), dq.stride(1), g.lse.stride(0),
-        tiles.shape[1], *backward_scales(p), *mask_args(p), **constexprs(cfg, p))
+        tiles.shape[1], *backward_scales(p), *p.mask_args(), **constexprs(cfg, p))
