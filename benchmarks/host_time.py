@@ -80,7 +80,7 @@ def layers(inp):
     p = inp.problem("hopper")  # the public call's problem
     q, k, v, rows = p.q, p.k, p.v, p.rows
     cfg = fwd_config(p)
-    spec = query_tile_schedule(rows, p.heads, cfg.block_m, p.left, p.right, num_sms(q.device) * cfg.ctas_per_sm)
+    spec = query_tile_schedule(p, rows, cfg.block_m, num_sms(q.device) * cfg.ctas_per_sm)
 
     def no_grad():
         with torch.no_grad():

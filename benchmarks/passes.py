@@ -35,7 +35,7 @@ def parts(inp):
     dq = torch.empty(out.shape, device=q.device, dtype=torch.float32 if w.broadcast else q.dtype)
     dq32 = torch.zeros(out.shape, device=q.device, dtype=torch.float32)  # sums of every timed run: unread
     cfg = fwd_config(p)
-    spec = query_tile_schedule(p.rows, p.heads, cfg.block_m, p.left, p.right, num_sms(q.device) * cfg.ctas_per_sm)
+    spec = query_tile_schedule(p, p.rows, cfg.block_m, num_sms(q.device) * cfg.ctas_per_sm)
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
     one_pass = select_dkdv(p.head_dim, DqRoute.REDUCE, p.rows / p.batch)
     bounded = p.replace(max_kv_len=inp.max_kv)  # as `jfa bench` calls it

@@ -19,7 +19,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from .jagged import causal_window, pair_mask
+from .jagged import causal_window, pair_mask, target_mask
 from .nested import from_padded, to_padded
 from .reference import ACTIVATIONS
 
@@ -87,7 +87,7 @@ class PaddedSDPA:
     compiled with torch.compile when compiled=True. GQA repeats k and v per query head for the formula."""
 
     def __init__(self, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False, window=(-1, -1),
-                 activation="softmax", out_scale=1.0, compiled=False):
+                 activation="softmax", out_scale=1.0, compiled=False, num_targets=None, contextual_len=0):
         self.q_offsets = q_offsets
         self.kv_offsets = q_offsets if kv_offsets is None else kv_offsets
         self.lq, self.lk = _max_len(q_offsets, max_q_len), _max_len(self.kv_offsets, max_kv_len)
@@ -96,7 +96,12 @@ class PaddedSDPA:
         device = q_offsets.device
         i = torch.arange(self.lq, device=device).view(1, self.lq, 1)
         j = torch.arange(self.lk, device=device).view(1, 1, self.lk)
-        mask = pair_mask(i, j, self.q_lens.view(-1, 1, 1), self.kv_lens.view(-1, 1, 1), *causal_window(causal, window))
+        if num_targets is not None:  # HSTU's mask (self-attention)
+            mask = target_mask(i, j, self.q_lens.view(-1, 1, 1), num_targets.view(-1, 1, 1).long(), contextual_len,
+                               causal_window(causal, window)[0])
+        else:
+            mask = pair_mask(i, j, self.q_lens.view(-1, 1, 1), self.kv_lens.view(-1, 1, 1),
+                             *causal_window(causal, window))
         if activation == "softmax":
             mask = mask | (~mask.any(-1, keepdim=True) & (j == 0))
         self.mask = mask.unsqueeze(1)  # [B, 1, Lq, Lk]
@@ -122,10 +127,12 @@ class PaddedSDPA:
 
 
 def padded_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                     window=(-1, -1), scale=None, activation="softmax", out_scale=1.0):
+                     window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
+                     contextual_len=0):
     """PaddedSDPA made and called at once: a model's layer without a jagged kernel."""
     return PaddedSDPA(q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len, causal=causal,
-                      window=window, activation=activation, out_scale=out_scale)(q, k, v, scale)
+                      window=window, activation=activation, out_scale=out_scale, num_targets=num_targets,
+                      contextual_len=contextual_len)(q, k, v, scale)
 
 
 def hstu_available() -> str | None:
@@ -138,7 +145,8 @@ def hstu_available() -> str | None:
 
 
 def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
-                   window=(-1, -1), scale=None, activation="softmax", out_scale=1.0):
+                   window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
+                   contextual_len=0):
     """HSTU's kernel: self-attention only, causal, silu with out_scale 1 / N (N an int); window (W, 0) is its
     max_attn_len. Its own GQA has none: k and v are repeated per query head."""
     from generative_recommenders.ops.triton.triton_hstu_attention import triton_hstu_mha
@@ -150,7 +158,8 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
     if q.shape[1] != k.shape[1]:
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), None, max(left, 0), 0)
+    targets = None if num_targets is None else num_targets.to(torch.int64)
+    return triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0), contextual_len)
 
 
 def broadcast_rows(q, kv_offsets):

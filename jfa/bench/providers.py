@@ -30,6 +30,7 @@ import torch
 import jfa
 from jfa import peers
 from jfa.backends import BACKENDS, available_backends
+from jfa.jagged import UNBOUNDED, visible_pairs
 
 from .suite import Inputs
 
@@ -44,9 +45,11 @@ def _expand_q(inp: Inputs):
     return peers.broadcast_rows(inp.q, inp.kv_offsets)[0] if inp.workload.broadcast else inp.q
 
 
-def _peer_checks(inp: Inputs, need_cuda=True, softmax_only=False):
+def _peer_checks(inp: Inputs, need_cuda=True, softmax_only=False, windows_only=False):
     if softmax_only and inp.workload.activation != "softmax":
         return f"softmax attention only (this workload's score is {inp.workload.activation})"
+    if windows_only and inp.num_targets is not None:
+        return "no target mask (HSTU's targets and contextual prefix)"
     if need_cuda and inp.q.device.type != "cuda":
         return "needs a CUDA device"
     if inp.q.dtype not in (torch.float16, torch.bfloat16):
@@ -107,9 +110,9 @@ class Jfa(Provider):
 
 
 class JfaSoftmax(Jfa):
-    """jfa (auto) with softmax on an activation workload's shape: the speed an activation is held to. Its output
-    is softmax attention's, so the correctness gate holds it to the softmax reference (check_as_softmax)."""
-    check_as_softmax = True
+    """jfa (auto) with softmax on an activation workload's shape (its mask kept): the speed an activation is held
+    to. Its output is softmax attention's, so the gate holds it to that reference (check_like)."""
+    check_like = dict(activation="softmax", out_scale=1.0)
 
     def __init__(self):
         super().__init__("auto")
@@ -119,7 +122,29 @@ class JfaSoftmax(Jfa):
         return "a softmax workload: jfa itself" if inp.workload.activation == "softmax" else None
 
     def score(self, inp):
-        return dict(window=inp.window)
+        return dict(inp.score(), activation="softmax", out_scale=1.0)
+
+
+class JfaCausal(Jfa):
+    """jfa (auto) with plain causal attention on a workload with HSTU's mask (its score kept): the time the mask is
+    held to, per visible pair (extras: its pairs)."""
+    check_like = dict(num_targets=None, contextual_len=0)
+
+    def __init__(self):
+        super().__init__("auto")
+        self.name = "jfa-causal"
+
+    def skip_reason(self, inp):
+        return None if inp.num_targets is not None else "a workload without HSTU's mask: jfa itself"
+
+    def score(self, inp):
+        w = inp.workload
+        return dict(window=inp.window, activation=w.activation, out_scale=w.out_scale)
+
+    def build(self, inp):
+        fn, extras = super().build(inp)
+        extras["pairs"] = visible_pairs(inp.q_lens, inp.kv_lens, *inp.window)
+        return fn, extras
 
 
 def _new_offsets_ms(call, inp, reps: int = 7) -> float:
@@ -159,7 +184,7 @@ class TorchVarlen(Provider):
             return f"varlen_attn of torch {torch.__version__} takes no window_size"
         if inp.workload.head_dim > 256 or inp.workload.head_dim % 8:
             return f"head dim {inp.workload.head_dim} not supported by FA2"
-        return _peer_checks(inp, softmax_only=True)
+        return _peer_checks(inp, softmax_only=True, windows_only=True)
 
     def build(self, inp):
         w = inp.workload
@@ -183,7 +208,7 @@ class FA4(Provider):
             import flash_attn.cute  # noqa: F401
         except Exception as e:  # ImportError, or a broken CUDA/DSL install
             return f"flash_attn.cute does not import ({type(e).__name__}: {str(e)[:120]}); see scripts/fetch_fa4.sh"
-        return _peer_checks(inp, softmax_only=True)
+        return _peer_checks(inp, softmax_only=True, windows_only=True)
 
     def build(self, inp):
         def fn():
@@ -242,14 +267,28 @@ class Flex(Provider):
         # create_block_mask(_compile=True), which the vmap'd int32 tensor arithmetic rejects.
         lo_q = ipos_q - left if left >= 0 else None
         hi_q = ipos_q + right if right >= 0 else None
+        if inp.num_targets is not None:  # HSTU's mask (jfa.jagged.target_mask): each row's position, and U
+            c1 = max(inp.workload.contextual_len - 1, 0)
+            u = (inp.q_lens.to(device) - inp.num_targets.to(device=device, dtype=torch.int64) - c1)
+            u_q = u.to(torch.int32)[doc_q]
+            hpos = torch.minimum(torch.clamp(pos_q - c1, min=0), u_q)
+            w, ctx = (left if left >= 0 else UNBOUNDED), inp.workload.contextual_len > 0
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            m = doc_q[q_idx] == doc_k[kv_idx]
-            if lo_q is not None:
-                m = m & (pos_k[kv_idx] >= lo_q[q_idx])
-            if hi_q is not None:
-                m = m & (pos_k[kv_idx] <= hi_q[q_idx])
-            return m
+            def mask_mod(b, h, q_idx, kv_idx):
+                pi, pj = hpos[q_idx], hpos[kv_idx]
+                d = pi - pj
+                vis = (q_idx == kv_idx) | ((d > 0) & (d <= w))
+                if ctx:
+                    vis = vis | ((pi == 0) & (pj < u_q[q_idx]))
+                return (doc_q[q_idx] == doc_k[kv_idx]) & vis
+        else:
+            def mask_mod(b, h, q_idx, kv_idx):
+                m = doc_q[q_idx] == doc_k[kv_idx]
+                if lo_q is not None:
+                    m = m & (pos_k[kv_idx] >= lo_q[q_idx])
+                if hi_q is not None:
+                    m = m & (pos_k[kv_idx] <= hi_q[q_idx])
+                return m
 
         rows, tk = doc_q.numel(), doc_k.numel()
         times = []
@@ -306,7 +345,8 @@ class SdpaPadded(Provider):
         w = inp.workload
         padded = peers.PaddedSDPA(inp.q_offsets, inp.kv_offsets, max_q_len=inp.max_q, max_kv_len=inp.max_kv,
                                   window=inp.window, activation=w.activation, out_scale=w.out_scale,
-                                  compiled=self.compiled)
+                                  compiled=self.compiled, num_targets=inp.num_targets,
+                                  contextual_len=w.contextual_len)
 
         def fn():
             return padded(_expand_q(inp), inp.k, inp.v, inp.scale)
@@ -341,13 +381,14 @@ class HSTU(Provider):
         def fn():
             return peers.hstu_attention(inp.q, inp.k, inp.v, inp.q_offsets, max_q_len=inp.max_q,
                                         max_kv_len=inp.max_kv, window=inp.window, scale=inp.scale,
-                                        activation=w.activation, out_scale=w.out_scale)
+                                        activation=w.activation, out_scale=w.out_scale, num_targets=inp.num_targets,
+                                        contextual_len=w.contextual_len)
         return fn, {"note": "k, v repeated per q head (no GQA)"} if w.heads_q != w.heads_kv else {}
 
 
 def all_providers() -> list[Provider]:
     """jfa (auto), one jfa-<backend> per registered backend, jfa-softmax, then the peers."""
-    return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax()]
+    return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax(), JfaCausal()]
             + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU()])
 
 

@@ -51,23 +51,25 @@ def gate_prefix(inp: Inputs, budget: int = GATE_BUDGET, max_seqs: int = GATE_SEQ
     return max(n, min(1, inp.batch))
 
 
-def _run_reference(inp: Inputs, dtype, softmax=False):
-    """(out, dq, dk, dv) of jfa.reference with inputs and arithmetic in `dtype` (float32 or the inputs'); softmax:
-    in place of the workload's activation."""
+def _run_reference(inp: Inputs, dtype, like=None):
+    """(out, dq, dk, dv) of jfa.reference with inputs and arithmetic in `dtype` (float32 or the inputs'); like: a
+    provider's check_like (its output is another score's or mask's on these inputs)."""
     q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in inp.leaves())
     left, right = inp.window
     w = inp.workload
-    score = {} if softmax else dict(activation=w.activation, out_scale=w.out_scale)
+    score = dict(activation=w.activation, out_scale=w.out_scale, num_targets=inp.num_targets,
+                 contextual_len=w.contextual_len)
+    score.update(like or {})
     out, _ = reference.attention(q, k, v, inp.q_offsets, inp.kv_offsets, scale=inp.scale, left=left, right=right,
                                  broadcast=w.broadcast, compute_dtype=dtype, **score)
     out.backward(inp.dout.to(dtype))
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
-def reference_results(inp: Inputs, softmax=False):
-    """(truth, yardstick error per tensor) for the gate (softmax: of softmax attention on the same inputs)."""
-    truth = _run_reference(inp, torch.float32, softmax)
-    same = _run_reference(inp, inp.q.dtype, softmax)
+def reference_results(inp: Inputs, like=None):
+    """(truth, yardstick error per tensor) for the gate (like: see _run_reference)."""
+    truth = _run_reference(inp, torch.float32, like)
+    same = _run_reference(inp, inp.q.dtype, like)
     return truth, [_max_err(s, t) for s, t in zip(same, truth)]
 
 
@@ -222,8 +224,7 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
                   for ph, f, b in (("fwd", fwd_flops, fwd_bytes), ("bwd", bwd_flops, bwd_bytes))}
     n = gate_prefix(inp)
     gated = inp if n == inp.batch else inp.prefix(n)
-    ref = reference_results(gated)
-    ref_softmax = None  # (for a provider that runs softmax on an activation workload's shape: jfa-softmax)
+    refs = {None: reference_results(gated)}  # and per provider.check_like (jfa-softmax, jfa-causal)
     results = {}
     for p in providers:
         if progress:
@@ -236,9 +237,11 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
                 continue
             fn, extras = p.build(inp)
             res.update(extras)
-            if getattr(p, "check_as_softmax", False):
-                ref_softmax = ref_softmax or reference_results(gated, softmax=True)
-            verdict = check(fn, inp, ref_softmax if getattr(p, "check_as_softmax", False) else ref, n)
+            like = getattr(p, "check_like", None)
+            key = None if like is None else tuple(sorted(like.items()))
+            if key not in refs:
+                refs[key] = reference_results(gated, like)
+            verdict = check(fn, inp, refs[key], n)
             res["check"] = {"seqs": n, "batch": inp.batch, "errors": verdict["errors"]}
             res["correct"] = verdict["correct"]
             if verdict["correct"]:
@@ -260,7 +263,7 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
            "fwd_flops": fwd_flops, "bwd_flops": bwd_flops, "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes,
            **floors, "results": results}
     out.update(ratios(results, {p.name: p.peer for p in providers}))
-    del inp, ref, ref_softmax
+    del inp, refs
     _free(device)
     return out
 

@@ -8,7 +8,8 @@ The suite file (default: the packaged ``jfa/workloads.json``) holds ``{"about": 
     skewed:  L = max(1, floor(u**3 * max_len)), then L[0] = max_len
     full:    L = max_len for every sequence
 
-Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
+HSTU's mask (targets [lo, hi]: each sequence's last targets, drawn uniformly with seed + 2 and clamped to its
+length; contextual_len) goes with causal self-attention. Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
 attend its L keys, aligned bottom-right; with q_max_len, query lengths of their own, drawn by the same recipe with
 seed + 1), "broadcast" (one dense q of q_len rows for every sequence). activation and out_scale: softmax, or an
 activation in its place (jfa.jagged_attention's).
@@ -46,6 +47,8 @@ class Workload:
     q_max_len: int = 0
     activation: str = "softmax"
     out_scale: float = 1.0
+    targets: tuple | None = None  # HSTU's mask: [lo, hi] targets per sequence, drawn uniformly (seed + 2)
+    contextual_len: int = 0
     lengths: tuple | None = field(default=None, repr=False)
 
     @classmethod
@@ -55,8 +58,10 @@ class Workload:
         if unknown:
             raise ValueError(f"workload {d.get('name')!r}: unknown keys {sorted(unknown)}")
         lengths = d.get("lengths")
+        targets = d.get("targets")
         w = cls(**{**d, "window": tuple(d.get("window", (-1, -1))),
-                   "lengths": None if lengths is None else tuple(lengths)})
+                   "lengths": None if lengths is None else tuple(lengths),
+                   "targets": None if targets is None else tuple(targets)})
         w.validate()
         return w
 
@@ -67,6 +72,8 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: dist must be one of {DISTS}, got {self.dist!r}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"workload {self.name!r}: heads_q {self.heads_q} not a multiple of {self.heads_kv}")
+        if self.targets is not None and (self.mode != "self" or self.window[1] != 0):
+            raise ValueError(f"workload {self.name!r}: targets need causal self-attention (window [W, 0])")
         if self.mode in ("broadcast", "cross") and self.q_len < 1 and not self.q_max_len:
             raise ValueError(f"workload {self.name!r}: {self.mode} mode needs q_len >= 1")
         if len(self.window) != 2:
@@ -86,9 +93,12 @@ class Workload:
             d["lengths"] = list(d["lengths"])
         if self.mode == "self":
             del d["q_len"]
-        for name, default in (("q_max_len", 0), ("activation", "softmax"), ("out_scale", 1.0)):
+        for name, default in (("q_max_len", 0), ("activation", "softmax"), ("out_scale", 1.0), ("targets", None),
+                              ("contextual_len", 0)):
             if d[name] == default:
                 del d[name]
+        if self.targets is not None:
+            d["targets"] = list(self.targets)
         return d
 
 
@@ -195,10 +205,20 @@ def scale_down(w: Workload, batch_div: int = 256, len_div: int = 64, heads_div: 
                    heads_kv=heads_kv, heads_q=heads_kv * group)
 
 
+def num_targets(w: Workload, kv_lens: torch.Tensor) -> torch.Tensor | None:
+    """HSTU's target counts per sequence (int64 [B], on the CPU), or None."""
+    if w.targets is None:
+        return None
+    g = torch.Generator().manual_seed(w.seed + 2)
+    lo, hi = w.targets
+    return torch.minimum(torch.randint(lo, hi + 1, (kv_lens.numel(), ), generator=g), kv_lens)
+
+
 def pairs(w: Workload, kv_lens: torch.Tensor | None = None) -> int:
     """Exact number of visible (query, key) pairs of the workload."""
     kv_lens = kv_lengths(w) if kv_lens is None else kv_lens
-    return visible_pairs(q_lengths(w, kv_lens), kv_lens, *w.window)
+    targets = None if w.targets is None else (num_targets(w, kv_lens), w.contextual_len)
+    return visible_pairs(q_lengths(w, kv_lens), kv_lens, *w.window, targets=targets)
 
 
 def flops(w: Workload, kv_lens: torch.Tensor | None = None) -> tuple[float, float]:
@@ -233,6 +253,7 @@ class Inputs:
     q_lens: torch.Tensor      # [B] int64, CPU
     kv_lens: torch.Tensor     # [B] int64, CPU
     dout: torch.Tensor        # [rows, Hq, D]: the upstream gradient of the output in packed row order
+    num_targets: torch.Tensor | None = None  # [B] int32 on the device: HSTU's mask
 
     @property
     def batch(self) -> int:
@@ -260,7 +281,10 @@ class Inputs:
     def score(self) -> dict:
         """The public functions' mask and score arguments for this workload."""
         w = self.workload
-        return dict(window=self.window, activation=w.activation, out_scale=w.out_scale)
+        opts = dict(window=self.window, activation=w.activation, out_scale=w.out_scale)
+        if self.num_targets is not None:
+            opts.update(num_targets=self.num_targets, contextual_len=w.contextual_len, causal=True)
+        return opts
 
     def problem(self, backend: str = "auto", **fields):
         """The jfa.problem.Problem of the jfa provider's call on these inputs (detached leaves, both max lengths
@@ -284,7 +308,8 @@ class Inputs:
         q_offsets = self.q_offsets[:n + 1]
         kv_offsets = q_offsets if self.kv_offsets is self.q_offsets else self.kv_offsets[:n + 1]
         return Inputs(self.workload, leaf(q), leaf(self.k[:ko]), leaf(self.v[:ko]), q_offsets, kv_offsets,
-                      self.q_lens[:n], self.kv_lens[:n], self.dout[:qo])
+                      self.q_lens[:n], self.kv_lens[:n], self.dout[:qo],
+                      None if self.num_targets is None else self.num_targets[:n])
 
 
 def offsets_of(lens: torch.Tensor, device) -> torch.Tensor:
@@ -313,4 +338,6 @@ def make_inputs(w: Workload, device="cuda", dtype=torch.bfloat16, seed: int = 0)
     # self-attention: one offsets tensor for both sides, as its callers pass it (jfa: kv_offsets=None; the
     # FlashAttention peers: the same cu_seqlens twice)
     kv_offsets = q_offsets if w.mode == "self" else offsets_of(kv_lens, device)
-    return Inputs(w, q, k, v, q_offsets, kv_offsets, q_lens, kv_lens, dout)
+    targets = num_targets(w, kv_lens)
+    targets = None if targets is None else targets.to(device=device, dtype=torch.int32)
+    return Inputs(w, q, k, v, q_offsets, kv_offsets, q_lens, kv_lens, dout, targets)
