@@ -46,6 +46,19 @@ def test_gpu_auto_is_a_kernel_backend():
     assert jfa.backends.select("auto", torch.device("cuda"), 128, torch.bfloat16) != "reference"
 
 
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
+@pytest.mark.parametrize("context,window", [(0, -1), (0, 100), (1, -1), (5, 300)], ids=str)
+def test_gpu_target_masks(context, window, activation):
+    """HSTU's mask in the compiled Triton kernels against the float64 rule (jfa.jagged.target_mask): random target
+    counts with 0 and all-target sequences, contextual prefixes, windows, GQA, forward and backward."""
+    case = make_case(GPU_MODES["causal"]["q_lens"], causal=True, window=(window, -1), num_targets="random",
+                     contextual_len=context, hq=4, hkv=2, d=128, dtype=torch.bfloat16, device="cuda", seed=context,
+                     activation=activation, out_scale=1.0 if activation == "softmax" else 1 / 512)
+    out, lse, grads = run(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 def test_gpu_no_host_sync_with_max_lens():
     case = make_case([63, 129, 0, 65], hq=4, hkv=4, d=64, dtype=torch.bfloat16, device="cuda")
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
@@ -56,6 +69,10 @@ def test_gpu_no_host_sync_with_max_lens():
         out.backward(case.dout)
         pooled = jfa.broadcast_attention(q[:16], k, v, case.kv_offsets, max_kv_len=129)
         pooled.sum().backward()
+        targets = torch.tensor([5, 129, 0, 1], device="cuda", dtype=case.q_offsets.dtype)
+        scored = jfa.jagged_attention(q, k, v, case.q_offsets, max_q_len=129, max_kv_len=129, causal=True,
+                                      num_targets=targets, contextual_len=2, activation="silu", out_scale=0.01)
+        scored.backward(case.dout)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
