@@ -62,6 +62,7 @@ def test_gpu_target_masks(context, window, activation):
 def test_gpu_no_host_sync_with_max_lens():
     case = make_case([63, 129, 0, 65], hq=4, hkv=4, d=64, dtype=torch.bfloat16, device="cuda")
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))
+    targets = torch.tensor([5, 129, 0, 1], device="cuda", dtype=case.q_offsets.dtype)  # (a copy to the device)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -69,7 +70,6 @@ def test_gpu_no_host_sync_with_max_lens():
         out.backward(case.dout)
         pooled = jfa.broadcast_attention(q[:16], k, v, case.kv_offsets, max_kv_len=129)
         pooled.sum().backward()
-        targets = torch.tensor([5, 129, 0, 1], device="cuda", dtype=case.q_offsets.dtype)
         scored = jfa.jagged_attention(q, k, v, case.q_offsets, max_q_len=129, max_kv_len=129, causal=True,
                                       num_targets=targets, contextual_len=2, activation="silu", out_scale=0.01)
         scored.backward(case.dout)
