@@ -118,7 +118,8 @@ class JaggedSelfAttention(_Heads):
             self.v_proj = nn.Linear(embed_dim, kv_width, **kw)
         self.out_proj = nn.Linear(q_width, embed_dim, **kw)
 
-    def forward(self, x, offsets=None, *, max_len=None):
+    def forward(self, x, offsets=None, *, max_len=None, num_targets=None, contextual_len=0):
+        """num_targets, contextual_len: HSTU's mask (jfa.jagged_attention's; needs causal=True)."""
         values, offsets, max_len, was_njt = _unpack(x, offsets, max_len)
         if self.fused_qkv:
             q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -128,11 +129,18 @@ class JaggedSelfAttention(_Heads):
         attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
         out = attend(self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads),
                      self._heads(v, self.num_kv_heads), offsets, max_q_len=max_len, max_kv_len=max_len,
-                     causal=self.causal, window=self.window, scale=self.scale, **self._score())
+                     causal=self.causal, window=self.window, scale=self.scale,
+                     **_targets(num_targets, contextual_len), **self._score())
         return _repack(self.out_proj(out.flatten(-2)), offsets, max_len, was_njt)
 
     def extra_repr(self):
         return f"{self._extra()}, causal={self.causal}, window={self.window}, fused_qkv={self.fused_qkv}"
+
+
+def _targets(num_targets, contextual_len):
+    """HSTU's mask's arguments, only where used (an `attention` callable need not take them)."""
+    return {} if num_targets is None and contextual_len == 0 else dict(num_targets=num_targets,
+                                                                       contextual_len=contextual_len)
 
 
 class JaggedCrossAttention(_Heads):
@@ -246,7 +254,8 @@ class HSTULayer(nn.Module):
         for m in self.children():
             m.reset_parameters()
 
-    def forward(self, x, offsets=None, *, max_len=None):
+    def forward(self, x, offsets=None, *, max_len=None, num_targets=None, contextual_len=0):
+        """num_targets, contextual_len: HSTU's mask (jfa.jagged_attention's): candidates scored in one pass."""
         values, offsets, max_len, was_njt = _unpack(x, offsets, max_len)
         width_v, width_qk = self.num_heads * self.head_dim, self.num_heads * self.attn_dim
         u, v, q, k = F.silu(self.uvqk(self.norm(values))).split((width_v, width_v, width_qk, width_qk), dim=-1)
@@ -254,7 +263,8 @@ class HSTULayer(nn.Module):
         attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
         heads = functools.partial(torch.Tensor.unflatten, dim=-1, sizes=(self.num_heads, -1))
         a = attend(heads(q), heads(k), heads(v), offsets, max_q_len=max_len, max_kv_len=max_len, causal=self.causal,
-                   window=self.window, scale=self.scale, activation="silu", out_scale=1.0 / n)
+                   window=self.window, scale=self.scale, activation="silu", out_scale=1.0 / n,
+                   **_targets(num_targets, contextual_len))
         y = values + self.out_proj(self.attn_norm(a.flatten(-2)) * u)
         return _repack(y, offsets, max_len, was_njt)
 

@@ -29,10 +29,11 @@ def _ref_attention(q, k, v, q_off, kv_off, causal=False, window=(-1, -1), broadc
 
 def _check(layer, by_hand, *inputs):
     """Outputs and parameter gradients of the layer (float32, jfa's kernels) and of by_hand (float64 copies of
-    the same parameters, the reference attention)."""
-    params = dict(layer.named_parameters())
+    the same parameters, the reference attention); layer may be (a call, the module that holds the parameters)."""
+    call, module = layer if isinstance(layer, tuple) else (layer, layer)
+    params = dict(module.named_parameters())
     ref = {name: p.detach().double().requires_grad_() for name, p in params.items()}
-    out = layer(*inputs)
+    out = call(*inputs)
     out_ref = by_hand(ref, *[x.double() if x.is_floating_point() else x for x in inputs])
     torch.testing.assert_close(out.double(), out_ref, atol=2e-5, rtol=1e-4)
     g = torch.randn_like(out)
@@ -139,6 +140,37 @@ def test_hstu_layer_matches_by_hand(causal, window):
         a = F.layer_norm(a.flatten(-2), (64, ), p["attn_norm.weight"], p["attn_norm.bias"])
         return x + F.linear(a * u, p["out_proj.weight"], p["out_proj.bias"])
     _check(layer, by_hand, x, off)
+
+
+def test_layers_take_target_masks():
+    """HSTU's mask through the layers (candidates scored in one pass): HSTULayer and JaggedSelfAttention with
+    num_targets and a contextual prefix, as by hand with the reference's mask (jfa.jagged.target_mask)."""
+    torch.manual_seed(2)
+    off = offsets_of(LENS)
+    targets, context = torch.tensor([2, 0, 5, 1, 33]), 2  # 0 targets, and an all-target sequence
+    x = torch.randn(int(off[-1]), 32)
+    hstu = jfa.nn.HSTULayer(32, 2, max_seq_len=40, backend="triton")
+
+    def hstu_by_hand(p, x, off):
+        h = F.layer_norm(x, (32, ), p["norm.weight"], p["norm.bias"])
+        u, v, q, k = F.silu(F.linear(h, p["uvqk.weight"], p["uvqk.bias"])).split((32, 32, 32, 32), -1)
+        a, _ = reference.attention(_heads(q, 2), _heads(k, 2), _heads(v, 2), off, off, scale=1 / 4, left=-1,
+                                   right=0, compute_dtype=torch.float64, activation="silu", out_scale=1 / 40,
+                                   num_targets=targets, contextual_len=context)
+        a = F.layer_norm(a.flatten(-2), (32, ), p["attn_norm.weight"], p["attn_norm.bias"])
+        return x + F.linear(a * u, p["out_proj.weight"], p["out_proj.bias"])
+    _check((lambda x, off: hstu(x, off, num_targets=targets, contextual_len=context), hstu), hstu_by_hand, x, off)
+    attn = jfa.nn.JaggedSelfAttention(32, 2, causal=True, backend="triton")
+
+    def attn_by_hand(p, x, off):
+        q, k, v = F.linear(x, p["qkv_proj.weight"], p["qkv_proj.bias"]).split((32, 32, 32), -1)
+        out, _ = reference.attention(_heads(q, 2), _heads(k, 2), _heads(v, 2), off, off, scale=1 / 4, left=-1,
+                                     right=0, compute_dtype=torch.float64, num_targets=targets, contextual_len=context)
+        return F.linear(out.flatten(-2), p["out_proj.weight"], p["out_proj.bias"])
+    _check((lambda x, off: attn(x, off, num_targets=targets, contextual_len=context), attn), attn_by_hand, x,
+           off)
+    plain = attn(x, off)  # the mask matters: without it, targets see one another
+    assert not torch.allclose(plain, attn(x, off, num_targets=targets, contextual_len=context))
 
 
 def test_layers_take_an_activation():
