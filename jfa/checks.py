@@ -166,9 +166,12 @@ def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=N
     """Start 0, non-decreasing, end == rows, and each (hint_name, value) in hints (when the value is given)
     >= the longest sequence; num_targets (a tensor) between 0 and each sequence's length. One host sync for GPU
     offsets, however many hints."""
-    o = offsets.detach().to("cpu", torch.int64)
-    if isinstance(num_targets, torch.Tensor) and num_targets.shape == (o.numel() - 1, ):
-        t = num_targets.detach().to("cpu", torch.int64)
+    o, t = offsets.detach().to(torch.int64), None
+    if isinstance(num_targets, torch.Tensor) and num_targets.shape == (o.numel() - 1, ) and \
+            num_targets.device == o.device:  # (one copy to the host; anything else is check_targets' error)
+        o, t = torch.cat([o, num_targets.detach().to(torch.int64)]).cpu().split([o.numel(), o.numel() - 1])
+    o = o.cpu()
+    if t is not None:
         bad = (t < 0) | (t > o[1:] - o[:-1])
         if bad.any():
             b = int(torch.nonzero(bad)[0])

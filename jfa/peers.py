@@ -144,6 +144,17 @@ def hstu_available() -> str | None:
     return None
 
 
+def hstu_refusal(self_attention, right, activation, out_scale, max_len) -> str | None:
+    """None, or why HSTU's kernel cannot compute this: it takes causal silu self-attention scaled by 1 / N, where N
+    (its MAX_SEQ_LEN, which sizes its grid) is at least the longest sequence."""
+    n = 0 if isinstance(out_scale, torch.Tensor) or out_scale <= 0 else round(1.0 / out_scale)
+    if not self_attention or right != 0 or activation != "silu" or n <= 0 or abs(n * out_scale - 1.0) > 1e-6:
+        return "HSTU's kernel takes causal silu self-attention with out_scale 1 / N only"
+    if n < max_len:
+        return f"HSTU's kernel covers N = 1 / out_scale = {n} rows a sequence, fewer than the longest ({max_len})"
+    return None
+
+
 def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
                    window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
                    contextual_len=0):
@@ -151,10 +162,11 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
     max_attn_len. Its own GQA has none: k and v are repeated per query head."""
     from generative_recommenders.ops.triton.triton_hstu_attention import triton_hstu_mha
     left, right = causal_window(causal, window)
-    n = round(1.0 / out_scale) if not isinstance(out_scale, torch.Tensor) else 0
-    if (kv_offsets is not None and kv_offsets is not q_offsets) or right != 0 or activation != "silu" or n <= 0 or \
-            abs(n * out_scale - 1.0) > 1e-6:
-        raise ValueError("HSTU's kernel takes causal silu self-attention with out_scale 1 / N")
+    refusal = hstu_refusal(kv_offsets is None or kv_offsets is q_offsets, right, activation, out_scale,
+                           _max_len(q_offsets, max_q_len))
+    if refusal:
+        raise ValueError(refusal)
+    n = round(1.0 / out_scale)
     if q.shape[1] != k.shape[1]:
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     scale = q.shape[-1] ** -0.5 if scale is None else scale

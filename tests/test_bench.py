@@ -376,3 +376,31 @@ def test_flex_provider_masks_windows_like_the_reference():
         ref = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, window=tuple(window),
                                    backend="reference")
         torch.testing.assert_close(fn(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("contextual_len,window", [(0, -1), (2, 9)], ids=str)
+def test_flex_provider_masks_targets_like_the_reference(contextual_len, window):
+    """FlexAttention peer on the CPU (forward) with HSTU's mask (its mask_mod from per-row positions) against
+    jfa's reference of jfa.jagged.target_mask, 0 and all-target sequences among them."""
+    import dataclasses
+
+    from jfa.bench import providers
+    base = next(w for w in suite.load_suite()[1] if w.name == "softmax-targets")
+    w = dataclasses.replace(base, batch=4, max_len=150, heads_q=2, heads_kv=2, head_dim=32, window=(window, 0),
+                            contextual_len=contextual_len)
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+    inp.num_targets[0], inp.num_targets[1] = 0, inp.kv_lens[1]
+    for t in (inp.q, inp.k, inp.v):
+        t.requires_grad_(False)  # FlexAttention has no CPU backward
+    fn, _ = providers.Flex().build(inp)
+    ref = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, backend="reference", **inp.score())
+    torch.testing.assert_close(fn(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_hstu_peer_refuses_what_its_kernel_cannot_compute():
+    from jfa.peers import hstu_refusal
+    assert hstu_refusal(True, 0, "silu", 1 / 4096, 4096) is None
+    assert "N = 1 / out_scale = 512" in hstu_refusal(True, 0, "silu", 1 / 512, 600)  # its grid would miss rows
+    for args in ((False, 0, "silu", 1 / 64), (True, -1, "silu", 1 / 64), (True, 0, "softmax", 1 / 64),
+                 (True, 0, "silu", 0.3), (True, 0, "silu", torch.ones(3))):
+        assert "causal silu self-attention" in hstu_refusal(*args, 10)

@@ -70,6 +70,7 @@ class Provider:
 
 class Jfa(Provider):
     peer = False
+    check_like: dict | None = None  # the call's score or mask arguments in place of the workload's (and the gate's)
 
     def __init__(self, backend="auto", explicit=False):
         self.backend = backend
@@ -106,7 +107,8 @@ class Jfa(Provider):
         return (lambda: call(inp.q_offsets, inp.kv_offsets)), extras
 
     def score(self, inp):
-        return inp.score()
+        """The call's mask and score arguments: the workload's, with check_like's in their place."""
+        return dict(inp.score(), **(self.check_like or {}))
 
 
 class JfaSoftmax(Jfa):
@@ -121,9 +123,6 @@ class JfaSoftmax(Jfa):
     def skip_reason(self, inp):
         return "a softmax workload: jfa itself" if inp.workload.activation == "softmax" else None
 
-    def score(self, inp):
-        return dict(inp.score(), activation="softmax", out_scale=1.0)
-
 
 class JfaCausal(Jfa):
     """jfa (auto) with plain causal attention on a workload with HSTU's mask (its score kept): the time the mask is
@@ -136,10 +135,6 @@ class JfaCausal(Jfa):
 
     def skip_reason(self, inp):
         return None if inp.num_targets is not None else "a workload without HSTU's mask: jfa itself"
-
-    def score(self, inp):
-        w = inp.workload
-        return dict(window=inp.window, activation=w.activation, out_scale=w.out_scale)
 
     def build(self, inp):
         fn, extras = super().build(inp)
@@ -370,10 +365,8 @@ class HSTU(Provider):
 
     def skip_reason(self, inp):
         w = inp.workload
-        if w.mode != "self" or w.activation != "silu" or inp.window[1] != 0 or w.out_scale <= 0 or \
-                abs(round(1 / w.out_scale) * w.out_scale - 1) > 1e-6:
-            return "HSTU's kernel takes causal silu self-attention with out_scale 1 / N only"
-        return peers.hstu_available() or _peer_checks(inp)
+        return (peers.hstu_refusal(w.mode == "self", inp.window[1], w.activation, w.out_scale, inp.max_q)
+                or peers.hstu_available() or _peer_checks(inp))
 
     def build(self, inp):
         w = inp.workload
