@@ -14,13 +14,13 @@ from triton.testing import do_bench
 
 from jfa import hopper
 from jfa.bench import suite
-from jfa.variants import ACTIVATIONS
+from jfa.variants import SCORE_NAMES
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="gdpa-self,gdpa-cross-short-kv,hstu-silu")
-    p.add_argument("--activations", default=",".join(ACTIVATIONS))
+    p.add_argument("--activations", default=",".join(SCORE_NAMES))
     p.add_argument("--rep-ms", type=int, default=100)
     args = p.parse_args(argv)
     _, workloads = suite.load_suite()

@@ -1,6 +1,6 @@
 """The backward's steps outside the attention kernels, shared by both kernel backends (jfa.triton, jfa.hopper):
 Delta before them (a small Triton kernel), broadcast q's dQ sum after them, and how an activation's out scale
-reaches them (a per-row factor of dO, or a constant folded into the kernels' scales)."""
+reaches them (a per-row factor of dO; a constant one is the kernels' business, jfa.variants.score_args)."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 
 from .problem import Problem
-from .variants import score_scale
 
 
 @triton.jit
@@ -60,10 +59,3 @@ def sum_broadcast_dq(dq, q, batch: int, broadcast: bool):
 def scaled_rows(x, p: Problem):
     """x [rows, Hq, D] times the rows' out scale where it is per row (an activation's row_scale), else x."""
     return x if p.row_scale is None else (x.float() * p.row_scale.view(-1, 1, 1)).to(x.dtype)
-
-
-def backward_scales(p: Problem) -> tuple[float, float]:
-    """(the factor dK and dQ take, the scores' scale), as the backward kernels take them: with an activation the
-    constant out scale is folded into the first (and dV's factor is their ratio)."""
-    s_scale = score_scale(p.scale, p.activation)
-    return (p.scale, s_scale) if p.softmax else (p.scale * p.out_scale, s_scale)

@@ -82,9 +82,9 @@ def _finite(x: float) -> bool:
 
 
 def check_activation(activation):
-    from .variants import ACTIVATIONS
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; expected one of {list(ACTIVATIONS)}")
+    from .variants import SCORE_NAMES
+    if not isinstance(activation, str) or activation not in SCORE_NAMES:
+        raise ValueError(f"unknown activation {activation!r}; expected one of {list(SCORE_NAMES)}")
 
 
 def check_out_scale(out_scale, activation, rows, device):

@@ -5,13 +5,17 @@ by the schedule kernel (jfa.schedule), the portable Triton kernels (jfa.triton.k
 against it. Together with jfa.variants (what a visible pair contributes) this is the seam a new attention variant
 changes (docs/hopper.md, "Adding an attention variant").
 
-Two tuples carry what the rule needs, so that a rule with more parameters changes where they are made, not the
-kernels that pass them through:
-  seq         one sequence's lengths, (Lq, Lk), and with HSTU's mask its targets, (Lq, Lk, T)
-  rule        the mask's parameters, (LEFT, RIGHT): key j is visible to query i when i' - LEFT <= j <= i' + RIGHT,
-              i' = i + shift; unbounded sides arrive as jfa.jagged.UNBOUNDED (2**30), so no branch is needed.
-              HSTU's mask (jfa.jagged.target_mask: self-attention, causal): (W, 0, c, True), the window over
-              positions, the contextual prefix's length; a 4-tuple (len(rule) is a compile-time constant).
+Two tuples carry what the mask needs, so that a mask with more parameters changes where they are made (mask_rule,
+sequence), not the kernels that pass them through:
+  mask        the kernels' run-time mask group, as the launchers pass it (jfa.problem.Problem.mask_args): the
+              per-sequence tensor (HSTU's target counts, or None), then the scalars (left, right, contextual_len)
+  rule        the mask's parameters (mask_rule, once per kernel): a Rule, its kind named (rule.KIND, a constexpr
+              that survives returns, which a tuple's elements do not) and its parameters (rule.p):
+              WINDOW, (LEFT, RIGHT): key j is visible to query i when i' - LEFT <= j <= i' + RIGHT, i' = i + shift;
+                unbounded sides arrive as jfa.jagged.UNBOUNDED (2**30), so no branch is needed;
+              TARGETS, (W, RIGHT, c, num_targets): HSTU's mask (jfa.jagged.target_mask: self-attention, causal),
+                the window over positions, the contextual prefix's length, the target counts
+  seq         one sequence's values (sequence): its lengths (Lq, Lk), and with TARGETS its targets (Lq, Lk, T)
 
 Glossary (all kernels):
   Lq, Lk      lengths of the current sequence's queries and keys (q_len, kv_len)
@@ -29,6 +33,34 @@ are key_range and key_blocks called that way, and the backward's schedule is bui
 """
 import triton
 import triton.language as tl
+from triton.language.core import _aggregate as aggregate  # (no public name in triton 3.6)
+
+WINDOW = tl.constexpr(0)  # the rule kinds (Rule.KIND)
+TARGETS = tl.constexpr(1)
+
+
+@aggregate
+class Rule:
+    """A mask's rule: its kind and its parameters (see the module doc). An aggregate, so that the kind stays a
+    compile-time constant wherever the rule goes (a tuple's constexprs become tensors when assigned or returned)."""
+    KIND: tl.constexpr
+    p: (tl.tuple, tuple)  # (a plain tuple in Triton's interpreter)
+
+    @triton.constexpr_function
+    def __init__(self, KIND, p):
+        self.KIND = tl.constexpr(KIND)
+        self.p = p
+
+
+@triton.jit
+def mask_rule(mask):
+    """The rule of a kernel's mask group (see the module doc): a window, or HSTU's mask where target counts are
+    given (a scalar equal to 1 may arrive as a constexpr: Triton specializes it)."""
+    if mask[0] is None:
+        return Rule(WINDOW, (mask[1], mask[2]))
+    else:
+        return Rule(TARGETS, (mask[1], mask[2], mask[3], mask[0]))
+
 
 
 @triton.jit
@@ -42,25 +74,30 @@ def sequence_bounds(q_offsets, kv_offsets, seq):
 
 
 @triton.jit
-def sequence_rule(seq_id, lens, LEFT, RIGHT, num_targets, context, TARGETS: tl.constexpr):
-    """(seq, rule) of sequence seq_id as the helpers below take them: its lengths and the window, or with TARGETS
-    (HSTU's mask) its lengths and targets (num_targets[seq_id]) and the window over positions and the prefix."""
-    if TARGETS:
-        return (lens[0], lens[1], tl.load(num_targets + seq_id).to(tl.int32)), (LEFT, RIGHT, context, True)
+def sequence(seq_id, lens, rule):
+    """Sequence seq_id's seq as the helpers below take it: its lengths, and with TARGETS its target count."""
+    if rule.KIND == TARGETS:
+        return (lens[0], lens[1], tl.load(rule.p[3] + seq_id).to(tl.int32))
     else:
-        return lens, (LEFT, RIGHT)
+        return lens
 
 
 @triton.jit
 def mirror(seq, rule):
-    """The transposed problem's (seq, rule): keys as rows."""
-    return (seq[1], seq[0]), (rule[1], rule[0])
+    """The transposed problem's (seq, rule) of a window: keys as rows."""
+    return (seq[1], seq[0]), Rule(WINDOW, (rule.p[1], rule.p[0]))
+
+
+@triton.jit
+def _causal_window(seq, rule):
+    """HSTU's mask's window on positions as a WINDOW rule of the sequence's n rows (where the two agree)."""
+    return (seq[0], seq[0]), Rule(WINDOW, (rule.p[0], rule.p[1]))
 
 
 @triton.jit
 def _position(x, seq, rule):
     """HSTU's position of rows x (jfa.jagged.target_mask), the history's end U (every target sits there), c - 1."""
-    c1 = tl.maximum(rule[2] - 1, 0)
+    c1 = tl.maximum(rule.p[2] - 1, 0)
     u = seq[0] - seq[2] - c1
     return tl.minimum(tl.maximum(x - c1, 0), u), u, c1
 
@@ -70,8 +107,8 @@ def _target_rule(i, j, seq, rule):
     pi, u, c1 = _position(i, seq, rule)
     pj, _, _ = _position(j, seq, rule)
     d = pi - pj
-    vis = (i == j) | ((d > 0) & (d <= rule[0]))
-    return vis | ((rule[2] > 0) & (pi == 0) & (pj < u))
+    vis = (i == j) | ((d > 0) & (d <= rule.p[0]))
+    return vis | ((rule.p[2] > 0) & (pi == 0) & (pj < u))
 
 
 @triton.jit
@@ -79,10 +116,10 @@ def _target_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """HSTU's mask: keys [lo, hi) (lo aligned down to BLOCK_N) holding every key queries [m0, m0 + BLOCK_M) see:
     from the first row's window (a context row's: 0) to the last row's diagonal (with context rows: the history's
     end)."""
-    n, c = seq[0], rule[2]
+    n, c = seq[0], rule.p[2]
     m_last = tl.minimum(m0 + BLOCK_M, n) - 1
     p0, u, c1 = _position(m0, seq, rule)
-    lo_key = tl.where((m0 < c) | (p0 - rule[0] <= 0), 0, p0 - rule[0] + c1)
+    lo_key = tl.where((m0 < c) | (p0 - rule.p[0] <= 0), 0, p0 - rule.p[0] + c1)
     lo_key = tl.where(u > 0, lo_key, m0)  # no history position: every row sees itself alone
     hi = tl.minimum(tl.maximum(m_last + 1, tl.where((m0 < c) & (u > 0), n - seq[2], 0)), n)
     return (tl.maximum(lo_key, 0) // BLOCK_N) * BLOCK_N, hi
@@ -94,12 +131,12 @@ def _target_queries(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
     prefix end) (aligned up to BLOCK_M; 0 when none, or when they join [lo, hi)), then from the first key's diagonal
     (lo aligned down to BLOCK_M) to the last query that sees a history key of the tile (every target, unless the
     window ends first), or the tile's last target key's diagonal."""
-    n, c = seq[0], rule[2]
+    n, c = seq[0], rule.p[2]
     h = n - seq[2]  # the history's end: keys from h on are targets, seen by themselves alone
     k_last = tl.minimum(n0 + BLOCK_N, n) - 1
     has_history = n0 < h
     pjh, u, c1 = _position(tl.minimum(k_last, h - 1), seq, rule)
-    i_max = tl.where(pjh + rule[0] >= u, n - 1, pjh + rule[0] + c1)
+    i_max = tl.where(pjh + rule.p[0] >= u, n - 1, pjh + rule.p[0] + c1)
     i_max = tl.where(u > 0, i_max, tl.minimum(k_last, h - 1))  # no history position: itself alone
     hi = tl.where(has_history, i_max + 1, 0)
     hi = tl.minimum(tl.maximum(hi, tl.where(k_last >= h, k_last + 1, 0)), n)
@@ -113,13 +150,13 @@ def _target_queries(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
 def key_range(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Keys [lo, hi) seen by queries [m0, m0 + BLOCK_M), lo aligned down to BLOCK_N (scalars or vectors).
     The range is empty (hi <= lo) when no real query of the tile sees a key."""
-    if len(rule) > 2:
+    if rule.KIND == TARGETS:
         return _target_keys(m0, seq, rule, BLOCK_M, BLOCK_N)
     q_len, kv_len = seq[0], seq[1]
     shift = kv_len - q_len
     m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
-    lo = (tl.maximum(m0 + shift - rule[0], 0) // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(m_last + shift + rule[1] + 1, kv_len)
+    lo = (tl.maximum(m0 + shift - rule.p[0], 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(m_last + shift + rule.p[1] + 1, kv_len)
     return lo, hi
 
 
@@ -136,16 +173,16 @@ def full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
     (This index form, with its non-negative divisions, is what the dK/dV consumers loop over: computed as
     block positions it cost the D=128 kernel 120-210 B more spills, some inside its dK MMA; perf-notes.)"""
-    if len(rule) > 2:  # HSTU's mask: the window's full blocks where it agrees (rows in the history, keys past c)
+    if rule.KIND == TARGETS:  # HSTU's mask: the window's full blocks where it agrees (rows in the history, keys past c)
         return _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
     q_len, kv_len = seq[0], seq[1]
     shift = kv_len - q_len
     m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
     # the block's last key exists and the first row sees it: n0 + BLOCK_N - 1 <= min(kv_len - 1, m0 + shift + RIGHT)
-    top = tl.minimum(kv_len - BLOCK_N, m0 + shift + rule[1] - BLOCK_N + 1) - lo
+    top = tl.minimum(kv_len - BLOCK_N, m0 + shift + rule.p[1] - BLOCK_N + 1) - lo
     j_hi = tl.where(top >= 0, top // BLOCK_N + 1, 0)
     # the last real row sees the block's first key: n0 >= m_last + shift - LEFT
-    bottom = m_last + shift - rule[0] - lo
+    bottom = m_last + shift - rule.p[0] - lo
     j_lo = tl.minimum(tl.where(bottom > 0, (bottom + BLOCK_N - 1) // BLOCK_N, 0), n_blocks)
     return j_lo, tl.maximum(tl.minimum(j_hi, n_blocks), j_lo)
 
@@ -155,9 +192,10 @@ def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOC
     """HSTU's mask is the causal window's on positions; rows in [c, U's row) and keys from c on see each other as the
     causal window says (p(i) - p(j) = i - j): there its full blocks, else none (a tile with context or target rows
     is masked whole)."""
-    n, c = seq[0], rule[2]
+    n, c = seq[0], rule.p[2]
     m_last = tl.minimum(m0 + BLOCK_M, n) - 1
-    j_lo, j_hi = full_blocks(m0, lo, n_blocks, (n, n), (rule[0], rule[1]), BLOCK_M, BLOCK_N)
+    seq_w, rule_w = _causal_window(seq, rule)
+    j_lo, j_hi = full_blocks(m0, lo, n_blocks, seq_w, rule_w, BLOCK_M, BLOCK_N)
     j_lo = tl.maximum(j_lo, tl.where(c > lo, tl.cdiv(c - lo, BLOCK_N), 0))
     plain = (m0 >= c) & (m_last < n - seq[2])
     j_lo = tl.where(plain, tl.minimum(j_lo, n_blocks), 0)
@@ -168,12 +206,13 @@ def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOC
 def _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """_target_full_blocks transposed: keys in [c, the history's end), the window's full query blocks, and with a
     bounded window only those below the targets (whose window starts at the history's end)."""
-    n, c = seq[0], rule[2]
+    n, c = seq[0], rule.p[2]
     h = n - seq[2]
     k_last = tl.minimum(n0 + BLOCK_N, n) - 1
-    seq_t, rule_t = mirror((n, n), (rule[0], rule[1]))
+    seq_w, rule_w = _causal_window(seq, rule)
+    seq_t, rule_t = mirror(seq_w, rule_w)
     j_lo, j_hi = full_blocks(n0, lo, n_blocks, seq_t, rule_t, BLOCK_N, BLOCK_M)
-    j_hi = tl.where(rule[0] < 1 << 30, tl.minimum(j_hi, tl.maximum(h - lo, 0) // BLOCK_M), j_hi)
+    j_hi = tl.where(rule.p[0] < 1 << 30, tl.minimum(j_hi, tl.maximum(h - lo, 0) // BLOCK_M), j_hi)
     plain = (n0 >= c) & (k_last < h)
     j_lo = tl.where(plain, j_lo, 0)
     return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)
@@ -196,7 +235,7 @@ def key_blocks(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def query_range(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Queries [lo, hi) that see keys [n0, n0 + BLOCK_N), lo aligned down to BLOCK_M (see Transposition); with
     HSTU's mask, the range after query_prefix's."""
-    if len(rule) > 2:
+    if rule.KIND == TARGETS:
         _, lo, hi = _target_queries(n0, seq, rule, BLOCK_M, BLOCK_N)
         return lo, hi
     seq_t, rule_t = mirror(seq, rule)
@@ -205,17 +244,43 @@ def query_range(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def query_prefix(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """HSTU's mask (a 4-tuple rule) only: the end of the context rows [0, end) that see keys [n0, n0 + BLOCK_N)
-    before query_range's range (a multiple of BLOCK_M, 0 for none): a key tile's walk is both."""
-    pre, _, _ = _target_queries(n0, seq, rule, BLOCK_M, BLOCK_N)
-    return pre
+    """The end of the rows [0, end) that see keys [n0, n0 + BLOCK_N) before query_range's range (a multiple of
+    BLOCK_M, 0 for none): with HSTU's mask, a key tile's context prefix (a key tile's walk is both); a window has
+    none (a constant 0)."""
+    if rule.KIND == TARGETS:
+        pre, _, _ = _target_queries(n0, seq, rule, BLOCK_M, BLOCK_N)
+        return pre
+    else:
+        return 0
+
+
+@triton.constexpr_function
+def has_prefix(kind, key_tiles):
+    """Whether a tile's walk may start with a prefix (query_prefix) under a rule of this kind (Rule.KIND): key tiles
+    under HSTU's mask."""
+    return bool(key_tiles) and kind == TARGETS.value
+
+
+@triton.jit
+def tile_walk(start, seq, rule, BLOCK: tl.constexpr, OTHER_BLOCK: tl.constexpr, KEY_TILES: tl.constexpr):
+    """The walk of the tile of BLOCK rows at `start`, every kernel's and the schedule's: (pre, lo, hi), the other
+    side's rows [0, pre) first (query_prefix: 0, a constant, unless has_prefix), then [lo, hi) (lo aligned down
+    to OTHER_BLOCK). Query tiles walk the keys they see (key_range), key tiles the queries that see them
+    (query_range)."""
+    if KEY_TILES:
+        lo, hi = query_range(start, seq, rule, OTHER_BLOCK, BLOCK)
+        pre = query_prefix(start, seq, rule, OTHER_BLOCK, BLOCK)
+    else:
+        lo, hi = key_range(start, seq, rule, BLOCK, OTHER_BLOCK)
+        pre = 0
+    return pre, lo, hi
 
 
 @triton.jit
 def query_blocks(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Query ranges that see keys [n0, n0 + BLOCK_N): (lo, full_lo, full_hi, hi), as key_blocks: a full
     block's rows all exist and see every real key of the tile (with HSTU's mask, after query_prefix's blocks)."""
-    if len(rule) > 2:
+    if rule.KIND == TARGETS:
         lo, hi = query_range(n0, seq, rule, BLOCK_M, BLOCK_N)
         n_blocks = block_count(lo, hi, BLOCK_M)
         j_lo, j_hi = full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
@@ -228,7 +293,7 @@ def query_blocks(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """full_blocks transposed: of the query blocks [lo + j BLOCK_M, ...), j < n_blocks, that see keys [n0, n0 +
     BLOCK_N), the ones [j_lo, j_hi) that need no mask."""
-    if len(rule) > 2:
+    if rule.KIND == TARGETS:
         return _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
     seq_t, rule_t = mirror(seq, rule)
     return full_blocks(n0, lo, n_blocks, seq_t, rule_t, BLOCK_N, BLOCK_M)
@@ -238,12 +303,12 @@ def full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_
 def in_window(i, j, seq, rule):
     """Whether key rows j lie in the window of query rows i (broadcastable, e.g. [M, 1] and [1, N])."""
     i_shifted = i + (seq[1] - seq[0])
-    return (j >= i_shifted - rule[0]) & (j <= i_shifted + rule[1])
+    return (j >= i_shifted - rule.p[0]) & (j <= i_shifted + rule.p[1])
 
 
 @triton.jit
 def _rule(i, j, seq, rule, KEY_MAJOR: tl.constexpr):
-    if len(rule) > 2:
+    if rule.KIND == TARGETS:
         return _target_rule(i, j, seq, rule)
     if KEY_MAJOR:
         seq_t, rule_t = mirror(seq, rule)

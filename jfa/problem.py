@@ -29,7 +29,7 @@ class Problem:
     left: int  # the window in jfa.jagged.resolve_window's form (an unbounded side is jfa.jagged.UNBOUNDED)
     right: int
     broadcast: bool = False  # one dense q block attended by every kv sequence
-    activation: str = "softmax"  # or one of jfa.variants.ACTIVATIONS: out_i = c_i sum_j f(scale q_i . k_j) v_j
+    activation: str = "softmax"  # or one of jfa.variants.ACTIVATIONS' names: out_i = c_i sum_j f(scale q_i . k_j) v_j
     out_scale: float = 1.0  # c_i with an activation: this, times row_scale[i] if given
     row_scale: Optional[Tensor] = None  # [rows] float32, one factor per output row (with an activation)
     num_targets: Optional[Tensor] = None  # [B] int: each sequence's last targets see the history and themselves
@@ -90,11 +90,14 @@ class Problem:
         """One offsets tensor for both sides, as self-attention's callers pass it."""
         return self.q_offsets is self.kv_offsets
 
+    def mask_scalars(self) -> tuple:
+        """The mask's scalar parameters: the window (left, right), HSTU's contextual prefix."""
+        return self.left, self.right, self.contextual_len
+
     def mask_args(self) -> tuple:
-        """The kernels' run-time mask arguments: the window (LEFT, RIGHT), HSTU's target counts (any pointer when
-        there are none) and contextual prefix."""
-        return self.left, self.right, self.q_offsets if self.num_targets is None else self.num_targets, \
-            self.contextual_len
+        """The kernels' run-time mask group (jfa.geometry.mask_rule reads it): the per-sequence tensor (HSTU's target
+        counts, or None: the kernels then take the window's rule), then mask_scalars."""
+        return (self.num_targets, *self.mask_scalars())
 
     def replace(self, **changes) -> "Problem":
         return dataclasses.replace(self, **changes)

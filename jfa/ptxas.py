@@ -46,6 +46,35 @@ def report(name: str, head_dim: int, dtype: str, ptx: str) -> Report:
     return Report(name, head_dim, dtype, len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
 
 
+_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+          torch.int64: "i64"}
+
+
+def aot_signature(fn, args: tuple, constexprs: dict):
+    """(signature, constexprs) for triton.compile of kernel fn called with these run-time arguments (its launcher's,
+    on meta tensors) and constexprs, unspecialized as a launch would see values it cannot specialize: a tensor is a
+    pointer of its dtype, an int i32, a float fp32, None a constexpr (keyed by its path in a tuple), a tuple a
+    tuple of those; anything else (a TMA descriptor) by triton's own mangling."""
+    from triton.runtime.jit import mangle_type
+    nones = {}
+
+    def kind(x, path):
+        if isinstance(x, tuple):
+            return tuple(kind(y, path + (i, )) for i, y in enumerate(x))
+        if x is None:
+            nones[path] = None
+            return "constexpr"
+        if isinstance(x, torch.Tensor):
+            return "*" + _TYPES[x.dtype]
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return mangle_type(x)
+        return "i32" if isinstance(x, int) else "fp32"
+    names = [n for n in fn.arg_names if n not in constexprs]
+    sig = {n: kind(a, (fn.arg_names.index(n), )) for n, a in zip(names, args)}
+    sig.update({n: "constexpr" for n in constexprs})
+    return {n: sig[n] for n in fn.arg_names}, {**constexprs, **nones}
+
+
 def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, group: int = 1, targets: bool = False,
                  **fields) -> Problem:
     """A Problem of meta tensors with these shapes: what a kernel's compile-time arguments are read from when it is

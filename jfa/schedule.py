@@ -2,8 +2,8 @@
 and kept on the device.
 
 A work item is (tile, head): a tile of ``block_m`` rows of one sequence (query rows, or key rows for the
-backward's dK/dV pass, which builds its schedule with the two sides swapped), times one of ``heads``. Its cost is
-the number of ``block_n`` blocks of the other side it visits (jfa.geometry.key_range). Items are dealt to the
+backward's dK/dV pass: ScheduleSpec.key_tiles), times one of ``heads``. Its cost is the number of ``block_n``
+blocks of the other side it visits (jfa.geometry.tile_walk, the kernels' own walk). Items are dealt to the
 CTAs in a zigzag (round r deals CTA 0..S-1 when r is even, S-1..0 when odd), the scheme of Meta's TLX jagged
 kernel, in this order: tiles ranked by their sequence's heaviest tile (heaviest first, a sequence's tiles
 together), cut into windows of WINDOW_ROUNDS rounds, heaviest first inside each window (costs in CLASSES classes);
@@ -31,24 +31,22 @@ import torch
 import triton
 import triton.language as tl
 
-from .geometry import block_count, key_range, query_prefix, query_range, sequence_bounds
-from .jagged import tile_capacity
+from .geometry import block_count, mask_rule, sequence, sequence_bounds, tile_walk
+from .jagged import UNBOUNDED, tile_capacity
 from .runtime import check_runnable
 
 
 @dataclass(frozen=True)
 class ScheduleSpec:
     """What a schedule depends on besides the offsets' values (the cache's explicit key)."""
-    rows: int  # rows of the tiled side (the query rows: B * Lq in broadcast mode; the key rows when swapped)
+    rows: int  # rows of the tiled side (the query rows: B * Lq in broadcast mode; the key rows for key tiles)
     heads: int  # items per tile
     block_m: int  # rows per tile
     block_n: int  # the other side's rows per cost unit
-    left: int  # window, in jfa.jagged.resolve_window's form (mirrored, right for left, when swapped)
-    right: int
     ctas: int  # the persistent grid
+    mask: tuple = (UNBOUNDED, UNBOUNDED, 0)  # the mask's scalars (jfa.problem.Problem.mask_scalars)
     targets: bool = False  # HSTU's mask (jfa.jagged.target_mask): the costs take the sequences' targets
-    context: int = 0  # its contextual prefix
-    key_tiles: bool = False  # (with targets) the tiles are key tiles, costed by the queries that see them
+    key_tiles: bool = False  # the tiles are key tiles (the kv offsets'), costed by the queries that see them
 
 
 @dataclass(frozen=True)
@@ -58,14 +56,20 @@ class Schedule:
     order: torch.Tensor  # int32 [capacity * heads]: item ids (tile * heads + head) grouped by CTA; -1 = none
     sm_start: torch.Tensor  # int32 [ctas + 1]: CTA s owns order[sm_start[s]:sm_start[s + 1]]
     heads: int
-    seen: torch.Tensor  # int64 [2 (B + 1)]: the q then kv offsets the schedule was built from
+    seen: torch.Tensor  # int64 [2 (B + 1)]: the tiled then the other side's offsets the schedule was built from
     scratch: torch.Tensor  # int32: per-sequence tile ends and keys [B] each, two histograms [buckets] each, the first
     # ranks [capacity], two window histograms [windows * CLASSES] each (_scratch_size)
+
+    def kernel_args(self) -> tuple:
+        """What a persistent kernel reads of it (jfa.hopper.items.WorkList): tiles, order, sm_start, the tile
+        table's capacity, heads."""
+        return (self.tiles, self.order, self.sm_start, self.tiles.shape[1], self.heads)
 
 
 WINDOW_ROUNDS = 2  # rounds of the deal per window
 CLASSES = 32  # cost classes inside a window
 ROTATE = 37  # CTAs the deal turns by from one window to the next (complete rounds only)
+_WINDOW_ROUNDS, _CLASSES, _ROTATE = tl.constexpr(WINDOW_ROUNDS), tl.constexpr(CLASSES), tl.constexpr(ROTATE)
 # tiles per step of the one-CTA refresh, 8 per thread of 16 warps: its sequential passes are latency-bound steps
 # (1024 on 4 warps: a rebuild took 0.23-0.49 ms on the suite, 4096 on 16: 0.12-0.23 on the H200)
 REFRESH_BLOCK = 4096
@@ -94,6 +98,7 @@ def zigzag_sm_start(n: int, num_sms: int, device) -> torch.Tensor:
 
 @triton.jit
 def _offsets_changed(q_offsets, kv_offsets, seen, batch, BLOCK: tl.constexpr):
+    # (here and in _record_offsets q_offsets are the tiled side's: the kv offsets for key tiles)
     """Whether the live offsets differ from the ones the schedule was built from."""
     changed = 0
     for i in range(0, batch + 1, BLOCK):
@@ -139,101 +144,127 @@ def _tile_of(idx, tile_ends, batch, SEARCH_STEPS: tl.constexpr):
 
 
 @triton.jit
-def _walk_cost(tile, seq, lens, LEFT, RIGHT, num_targets, context, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               TARGETS: tl.constexpr, KEY_TILES: tl.constexpr):
-    """Blocks of BLOCK_N rows that tile `tile` (of BLOCK_M rows) walks (jfa.geometry: the kernels' own walk)."""
-    if TARGETS:  # HSTU's mask (self-attention): not a mirror image, so key tiles take their own walk
-        seq3 = (lens[0], lens[1], tl.load(num_targets + seq).to(tl.int32))
-        if KEY_TILES:  # (the spec's window is mirrored for key tiles: RIGHT holds the window)
-            rule = (RIGHT, LEFT, context, True)
-            lo, hi = query_range(tile * BLOCK_M, seq3, rule, BLOCK_N, BLOCK_M)
-            return query_prefix(tile * BLOCK_M, seq3, rule, BLOCK_N, BLOCK_M) // BLOCK_N + block_count(lo, hi, BLOCK_N)
-        k_lo, k_hi = key_range(tile * BLOCK_M, seq3, (LEFT, RIGHT, context, True), BLOCK_M, BLOCK_N)
-    else:
-        k_lo, k_hi = key_range(tile * BLOCK_M, lens, (LEFT, RIGHT), BLOCK_M, BLOCK_N)  # the item's walk
-    return block_count(k_lo, k_hi, BLOCK_N)
+def _walk_cost(tile, seq_id, lens, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEY_TILES: tl.constexpr):
+    """Blocks of BLOCK_N rows that tile `tile` (of BLOCK_M rows) walks: the kernels' own walk (jfa.geometry.tile_walk:
+    a query tile's keys, or a key tile's queries, a prefix first where it has one)."""
+    pre, lo, hi = tile_walk(tile * BLOCK_M, sequence(seq_id, lens, rule), rule, BLOCK_M, BLOCK_N, KEY_TILES)
+    return pre // BLOCK_N + block_count(lo, hi, BLOCK_N)
 
 
 @triton.jit
-def refresh_kernel(q_offsets, kv_offsets, seen, scratch, tiles, tile_cost, order, sm_start, batch, capacity,
-                   heads, ctas, buckets, window, LEFT, RIGHT, num_targets, context, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CLASSES: tl.constexpr, WINDOW_ROUNDS: tl.constexpr, ROTATE: tl.constexpr,
-                   SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr, TARGETS: tl.constexpr = False,
-                   KEY_TILES: tl.constexpr = False):
-    """One CTA: if the offsets changed since the last build, rebuild the schedule (see module doc).
+def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr, KEY_TILES: tl.constexpr = False):
+    """One CTA: if the offsets changed since the last build, rebuild the schedule (see module doc). offsets = (q,
+    kv), the tiled side's the kv offsets where KEY_TILES; seen, scratch: Schedule's; sched = (tiles, tile_cost, order,
+    sm_start), written; sizes = (batch, capacity, heads, ctas, buckets, window); mask: the kernels' mask group.
 
     Two counting sorts. The first: a tile's key is its sequence's heaviest tile cost (atomic max), its bucket key + 1
     (0 for spare capacity), a histogram, its suffix sums (heavier buckets first), then each tile takes the next rank
     of its bucket. The second, likewise: by window (first rank // window), earlier first, then by cost class (cost *
     CLASSES // (the heaviest cost + 1)), heavier first. The order among tiles of equal bucket may differ run to run
     (atomics); every item is still computed by exactly one CTA."""
-    if _offsets_changed(q_offsets, kv_offsets, seen, batch, BLOCK):
+    tiled, other = (offsets[1], offsets[0]) if KEY_TILES else (offsets[0], offsets[1])
+    batch, capacity, heads, ctas, buckets, window = sizes
+    if _offsets_changed(tiled, other, seen, batch, BLOCK):
+        # scratch: tile_ends, seq_key [batch] each, hist, cursor [buckets] each, rank1 [capacity], hist2, cursor2
+        # [windows] each, top [1] (the heaviest tile cost of all)
         tile_ends = scratch
         seq_key = tile_ends + batch
         hist = seq_key + batch
         cursor = hist + buckets
         rank1 = cursor + buckets
         nwin = (capacity + window - 1) // window
-        windows = nwin * (CLASSES + 1)
+        windows = nwin * (_CLASSES + 1)
         hist2 = rank1 + capacity
         cursor2 = hist2 + windows
-        top = cursor2 + windows  # the heaviest tile cost of all
+        top = cursor2 + windows
         full_rounds = capacity * heads // ctas  # complete rounds of the deal
-        _record_offsets(q_offsets, kv_offsets, seen, tile_ends, batch, BLOCK_M, BLOCK)
+        _record_offsets(tiled, other, seen, tile_ends, batch, BLOCK_M, BLOCK)
         _fill(hist, buckets, BLOCK)
         _fill(hist2, windows, BLOCK)
         _fill(seq_key, batch, BLOCK)
         _fill(top, 1, BLOCK)
         tl.debug_barrier()
-        for t0 in range(0, capacity, BLOCK):  # the tile table, each tile's cost, each sequence's heaviest
-            idx = t0 + tl.arange(0, BLOCK)
-            keep = idx < capacity
-            seq = _tile_of(idx, tile_ends, batch, SEARCH_STEPS)
-            valid = seq < batch
-            seq = tl.minimum(seq, batch - 1)
-            q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
-            tile = idx - (tl.load(tile_ends + seq) - tl.cdiv(lens[0], BLOCK_M))
-            walk = _walk_cost(tile, seq, lens, LEFT, RIGHT, num_targets, context, BLOCK_M, BLOCK_N, TARGETS,
-                              KEY_TILES)
-            cost = tl.where(valid, walk, -1)
-            tl.store(tiles + idx, tl.where(valid, seq, -1), mask=keep)
-            tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
-            tl.store(tile_cost + idx, cost, mask=keep)
-            tl.atomic_max(seq_key + seq, cost, mask=keep & valid)
-            tl.atomic_max(top + idx * 0, cost, mask=keep & valid)
+        _tile_costs(offsets, (tile_ends, seq_key, top), sched, sizes, mask_rule(mask), BLOCK_M, BLOCK_N, SEARCH_STEPS,
+                    BLOCK, KEY_TILES)
         tl.debug_barrier()
         classes_over = tl.load(top, cache_modifier=".cg") + 1  # cost class = cost * CLASSES // classes_over
-        for t0 in range(0, capacity, BLOCK):  # the histogram of the sequence keys
-            idx = t0 + tl.arange(0, BLOCK)
-            keep = idx < capacity
-            tl.atomic_add(hist + _sequence_bucket(idx, tiles, seq_key, keep, buckets), 1, mask=keep)
-        tl.debug_barrier()
-        _suffix_starts(hist, cursor, buckets, BLOCK)
-        tl.debug_barrier()
-        for t0 in range(0, capacity, BLOCK):  # first ranks; the histogram of (window, cost class)
-            idx = t0 + tl.arange(0, BLOCK)
-            keep = idx < capacity
-            rank = tl.atomic_add(cursor + _sequence_bucket(idx, tiles, seq_key, keep, buckets), 1, mask=keep)
-            tl.store(rank1 + idx, rank, mask=keep)
-            cost = tl.load(tile_cost + idx, mask=keep, other=-1)
-            tl.atomic_add(hist2 + _window_bucket(rank, cost, window, nwin, classes_over, CLASSES), 1, mask=keep)
+        _rank_by_sequence((seq_key, hist, cursor, rank1, hist2), sched, sizes, nwin, classes_over, BLOCK)
         tl.debug_barrier()
         _suffix_starts(hist2, cursor2, windows, BLOCK)
         tl.debug_barrier()
-        for t0 in range(0, capacity, BLOCK):  # final ranks, deal each tile's items
-            idx = t0 + tl.arange(0, BLOCK)
-            keep = idx < capacity
-            cost = tl.load(tile_cost + idx, mask=keep, other=-1)
-            rank = tl.load(rank1 + idx, mask=keep, other=0)
-            bucket = _window_bucket(rank, cost, window, nwin, classes_over, CLASSES)
-            rank = tl.atomic_add(cursor2 + bucket, 1, mask=keep)
-            for h in range(0, heads):
-                r = rank * heads + h
-                rnd = r // ctas
-                sm = tl.where(rnd % 2 == 0, r % ctas, ctas - 1 - r % ctas)
-                sm = tl.where(rnd < full_rounds, (sm + (rnd // WINDOW_ROUNDS) * ROTATE) % ctas, sm)
-                slot = tl.load(sm_start + sm, mask=keep, other=0) + rnd
-                tl.store(order + slot, tl.where(cost >= 0, idx * heads + h, -1), mask=keep)
+        _deal(cursor2, rank1, sched, sizes, (nwin, classes_over, full_rounds), BLOCK)
+
+
+@triton.jit
+def _tile_costs(offsets, parts, sched, sizes, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr, KEY_TILES: tl.constexpr):
+    """The tile table, each tile's cost (sched[0], sched[1]), each sequence's heaviest (parts: tile_ends, seq_key,
+    top), the heaviest of all (top)."""
+    tiles, tile_cost = sched[0], sched[1]
+    batch, capacity = sizes[0], sizes[1]
+    tile_ends, seq_key, top = parts
+    for t0 in range(0, capacity, BLOCK):
+        idx = t0 + tl.arange(0, BLOCK)
+        keep = idx < capacity
+        seq = _tile_of(idx, tile_ends, batch, SEARCH_STEPS)
+        valid = seq < batch
+        seq = tl.minimum(seq, batch - 1)
+        q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq)
+        tile = idx - (tl.load(tile_ends + seq) - tl.cdiv(lens[1] if KEY_TILES else lens[0], BLOCK_M))
+        cost = tl.where(valid, _walk_cost(tile, seq, lens, rule, BLOCK_M, BLOCK_N, KEY_TILES), -1)
+        tl.store(tiles + idx, tl.where(valid, seq, -1), mask=keep)
+        tl.store(tiles + capacity + idx, tl.where(valid, tile, 0), mask=keep)
+        tl.store(tile_cost + idx, cost, mask=keep)
+        tl.atomic_max(seq_key + seq, cost, mask=keep & valid)
+        tl.atomic_max(top + idx * 0, cost, mask=keep & valid)
+
+
+@triton.jit
+def _rank_by_sequence(parts, sched, sizes, nwin, classes_over, BLOCK: tl.constexpr):
+    """The first sort: the histogram of the sequence keys (hist), its suffix starts (cursor), each tile's first rank
+    (rank1); and the histogram of (window, cost class) of the second (hist2). parts: (seq_key, hist, cursor, rank1,
+    hist2)."""
+    tiles, tile_cost = sched[0], sched[1]
+    capacity, buckets, window = sizes[1], sizes[4], sizes[5]
+    seq_key, hist, cursor, rank1, hist2 = parts
+    for t0 in range(0, capacity, BLOCK):
+        idx = t0 + tl.arange(0, BLOCK)
+        keep = idx < capacity
+        tl.atomic_add(hist + _sequence_bucket(idx, tiles, seq_key, keep, buckets), 1, mask=keep)
+    tl.debug_barrier()
+    _suffix_starts(hist, cursor, buckets, BLOCK)
+    tl.debug_barrier()
+    for t0 in range(0, capacity, BLOCK):
+        idx = t0 + tl.arange(0, BLOCK)
+        keep = idx < capacity
+        rank = tl.atomic_add(cursor + _sequence_bucket(idx, tiles, seq_key, keep, buckets), 1, mask=keep)
+        tl.store(rank1 + idx, rank, mask=keep)
+        cost = tl.load(tile_cost + idx, mask=keep, other=-1)
+        tl.atomic_add(hist2 + _window_bucket(rank, cost, window, nwin, classes_over, _CLASSES), 1, mask=keep)
+
+
+@triton.jit
+def _deal(cursor2, rank1, sched, sizes, counts, BLOCK: tl.constexpr):
+    """The second sort's final ranks, each tile's items dealt to the CTAs in a zigzag (order, by sm_start); counts:
+    (windows, the cost classes' divisor, complete rounds of the deal)."""
+    tile_cost, order, sm_start = sched[1], sched[2], sched[3]
+    capacity, heads, ctas, window = sizes[1], sizes[2], sizes[3], sizes[5]
+    nwin, classes_over, full_rounds = counts
+    for t0 in range(0, capacity, BLOCK):
+        idx = t0 + tl.arange(0, BLOCK)
+        keep = idx < capacity
+        cost = tl.load(tile_cost + idx, mask=keep, other=-1)
+        rank = tl.load(rank1 + idx, mask=keep, other=0)
+        bucket = _window_bucket(rank, cost, window, nwin, classes_over, _CLASSES)
+        rank = tl.atomic_add(cursor2 + bucket, 1, mask=keep)
+        for h in range(0, heads):
+            r = rank * heads + h
+            rnd = r // ctas
+            sm = tl.where(rnd % 2 == 0, r % ctas, ctas - 1 - r % ctas)
+            sm = tl.where(rnd < full_rounds, (sm + (rnd // _WINDOW_ROUNDS) * _ROTATE) % ctas, sm)
+            slot = tl.load(sm_start + sm, mask=keep, other=0) + rnd
+            tl.store(order + slot, tl.where(cost >= 0, idx * heads + h, -1), mask=keep)
 
 
 @triton.jit
@@ -270,19 +301,19 @@ def _window_bucket(rank, cost, window, nwin, classes_over, CLASSES: tl.constexpr
     return (nwin - 1 - rank // window) * (CLASSES + 1) + cls
 
 
-def _buckets(spec: ScheduleSpec, kv_rows: int) -> int:
+def _buckets(spec: ScheduleSpec, other_rows: int) -> int:
     """Histogram size: every possible cost (at most the other side's rows in blocks, + 1 for the alignment of
     a range), + 1 for spare capacity."""
-    return kv_rows // spec.block_n + 3
+    return other_rows // spec.block_n + 3
 
 
-def _scratch_size(spec: ScheduleSpec, batch: int, kv_rows: int) -> int:
+def _scratch_size(spec: ScheduleSpec, batch: int, other_rows: int) -> int:
     """refresh_kernel's scratch (Schedule.scratch): int32 entries."""
     cap = capacity(spec, batch)
-    return 2 * batch + 2 * _buckets(spec, kv_rows) + cap + 2 * (-(-cap // window_tiles(spec))) * (CLASSES + 1) + 1
+    return 2 * batch + 2 * _buckets(spec, other_rows) + cap + 2 * (-(-cap // window_tiles(spec))) * (CLASSES + 1) + 1
 
 
-def allocate(spec: ScheduleSpec, batch: int, kv_rows: int, device) -> Schedule:
+def allocate(spec: ScheduleSpec, batch: int, other_rows: int, device) -> Schedule:
     """A schedule's buffers, remembering offsets no batch has (-1), so its first refresh builds it."""
     cap = capacity(spec, batch)
     n = cap * spec.heads
@@ -293,34 +324,34 @@ def allocate(spec: ScheduleSpec, batch: int, kv_rows: int, device) -> Schedule:
         sm_start=zigzag_sm_start(n, spec.ctas, device).to(torch.int32),
         heads=spec.heads,
         seen=torch.full((2 * (batch + 1),), -1, dtype=torch.int64, device=device),
-        scratch=torch.empty(_scratch_size(spec, batch, kv_rows), dtype=torch.int32, device=device))
+        scratch=torch.empty(_scratch_size(spec, batch, other_rows), dtype=torch.int32, device=device))
 
 
-def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, kv_rows: int, num_targets=None) -> Schedule:
+def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, other_rows: int, num_targets=None) -> Schedule:
     """Launch refresh_kernel (see module doc): the schedule matches the live offsets once it has run (num_targets:
     with spec.targets, the sequences' targets, read for the costs alone)."""
-    batch = q_offsets.numel() - 1
+    batch = q_offsets.numel() - 1  # (the tiled side's: the same count)
     check_runnable(q_offsets.device)
     cap = sched.tiles.shape[1]
     if batch > 0 and cap > 0:
         refresh_kernel[(1, )](
-            q_offsets, kv_offsets, sched.seen, sched.scratch, sched.tiles, sched.tile_cost, sched.order,
-            sched.sm_start, batch, cap, spec.heads, spec.ctas, _buckets(spec, kv_rows), window_tiles(spec),
-            spec.left, spec.right, q_offsets if num_targets is None else num_targets, spec.context,
-            BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, CLASSES=CLASSES, WINDOW_ROUNDS=WINDOW_ROUNDS, ROTATE=ROTATE,
-            SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK, TARGETS=spec.targets,
-            KEY_TILES=spec.key_tiles, num_warps=REFRESH_BLOCK // 256)
+            (q_offsets, kv_offsets), sched.seen, sched.scratch, (sched.tiles, sched.tile_cost, sched.order,
+                                                                 sched.sm_start),
+            (batch, cap, spec.heads, spec.ctas, _buckets(spec, other_rows), window_tiles(spec)),
+            (num_targets if spec.targets else None, *spec.mask), BLOCK_M=spec.block_m, BLOCK_N=spec.block_n,
+            SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK, KEY_TILES=spec.key_tiles,
+            num_warps=REFRESH_BLOCK // 256)
     elif cap > 0:  # no sequences: every slot is spare
         sched.tiles.fill_(-1)
         sched.order.fill_(-1)
     return sched
 
 
-def build(q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int, num_targets=None) -> Schedule:
-    """A schedule of its own (not cached) for these offsets; kv_rows = rows of the other side (its last
-    offset), which bounds the costs."""
+def build(q_offsets, kv_offsets, spec: ScheduleSpec, other_rows: int, num_targets=None) -> Schedule:
+    """A schedule of its own (not cached) for these offsets (the tiled side's the kv offsets with spec.key_tiles);
+    other_rows = rows of the other side (its last offset), which bounds the costs."""
     batch = q_offsets.numel() - 1
-    return refresh(allocate(spec, batch, kv_rows, q_offsets.device), spec, q_offsets, kv_offsets, kv_rows,
+    return refresh(allocate(spec, batch, other_rows, q_offsets.device), spec, q_offsets, kv_offsets, other_rows,
                    num_targets)
 
 
@@ -345,21 +376,21 @@ class ScheduleCache:
         self.size = size
         self.entries: OrderedDict = OrderedDict()
 
-    def get(self, q_offsets, kv_offsets, spec: ScheduleSpec, kv_rows: int, num_targets=None) -> Schedule:
+    def get(self, q_offsets, kv_offsets, spec: ScheduleSpec, other_rows: int, num_targets=None) -> Schedule:
         """(num_targets: with spec.targets; they set the costs only, so a schedule built with other counts is still
         a correct one: every item computed once.)"""
         if q_offsets.is_cuda and torch.cuda.is_current_stream_capturing():
-            return build(q_offsets, kv_offsets, spec, kv_rows, num_targets)
-        key = (id(q_offsets), id(kv_offsets), spec, kv_rows)
+            return build(q_offsets, kv_offsets, spec, other_rows, num_targets)
+        key = (id(q_offsets), id(kv_offsets), spec, other_rows)
         hit = self.entries.get(key)
         if hit is not None and hit[0]() is q_offsets and hit[1]() is kv_offsets:
             self.entries.move_to_end(key)
-            return refresh(hit[2], spec, q_offsets, kv_offsets, kv_rows, num_targets)
-        sched = allocate(spec, q_offsets.numel() - 1, kv_rows, q_offsets.device)
+            return refresh(hit[2], spec, q_offsets, kv_offsets, other_rows, num_targets)
+        sched = allocate(spec, q_offsets.numel() - 1, other_rows, q_offsets.device)
         self.entries[key] = (weakref.ref(q_offsets), weakref.ref(kv_offsets), sched)
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
-        return refresh(sched, spec, q_offsets, kv_offsets, kv_rows, num_targets)
+        return refresh(sched, spec, q_offsets, kv_offsets, other_rows, num_targets)
 
 
 CACHE = ScheduleCache()  # the one cache, shared by every kernel that takes a schedule

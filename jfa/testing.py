@@ -45,6 +45,12 @@ CPU_MODES = modes(AWKWARD_LENS, 17, 20, 40)
 GPU_MODES = modes(GPU_LENS, 256, 100, 256)
 
 
+def each_once(firsts, seconds, first, second) -> list[tuple]:
+    """Pairs that take every one of firsts once (with `second`) and every one of seconds once (with `first`): the
+    CPU tests of two independent seams (a score function and a mask mode, say), which the GPU tests cross whole."""
+    return [(a, second) for a in firsts] + [(first, b) for b in seconds if b != second]
+
+
 @dataclass
 class Case:
     """One jagged attention problem with its inputs and upstream gradients."""

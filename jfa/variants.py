@@ -1,22 +1,28 @@
-"""What a visible (query, key) pair contributes, written once for every kernel: the score -> weight step of the
-forward and its derivative in the backward. Plain ``@triton.jit`` helpers on blocks of scores, called by the
-portable Triton kernels (jfa.triton.kernels) and the Gluon kernels (jfa.hopper) alike, whatever layout their
-tiles have (row statistics arrive already broadcast to the block's shape). With jfa.geometry (which pairs are
-visible, and which blocks an item walks) this is the seam a new attention variant changes (docs/hopper.md,
-"Adding an attention variant").
+"""What a visible (query, key) pair contributes, written once for every kernel: the score policy. Plain
+``@triton.jit`` helpers on blocks of scores, called by the portable Triton kernels (jfa.triton.kernels) and the
+Gluon kernels (jfa.hopper) alike, whatever layout their tiles have (row statistics arrive already broadcast to the
+block's shape). With jfa.geometry (which pairs are visible, which blocks an item walks) this is the seam a new
+attention variant changes (docs/hopper.md, "Adding an attention variant").
 
-The kernels take the score function as a constexpr ACT (its index in ACTIVATIONS; SOFTMAX = 0) and the scores'
-scale as s_scale (score_scale).
+A kernel takes the score function as the constexpr SCORE (score_fn: SOFTMAX, or an activation's function from
+ACTIVATIONS) and its run-time scales as one group, ``score = (qk_scale, out_scale, grad_scale)`` (score_args), and
+calls, never asking which score it runs:
 
-Softmax, in base 2: s_scale = scale * log2(e) turns a score into a base-2 logit.
-  forward   online_softmax per key block: p = exp2(s s_scale - m) with the running row max m, and alpha, the
-            factor that rescales what was summed before; softmax_lse at the end
-  backward  softmax_weights: P = exp2(s s_scale - lse2) from the saved lse2 = lse log2(e);
-            softmax_dscores: dS = P (dP - Delta), Delta = rowsum(dO O) - dLSE (jfa.bwd_common)
-An activation f (GDPA, HSTU): s_scale = scale, x = s s_scale.
-  forward   P = f(x), no running max, no rescale, no lse; O = c P V at the end (c: the rows' out scale)
-  backward  P = f(x) into dV (dO times c), dS = f'(x) dP; no Delta (activation_with_grad: f and f' from one
-            tanh, kept in place of the scores; the masked pairs are zeroed in both).
+  forward   row_state(rows) -> state; per key block: mask_scores (before the weights: softmax hides a pair by a
+            -inf score), weights -> (P, state, alpha: the factor that rescales what was summed before), mask_weights
+            (after them: an activation zeroes a hidden pair's weight); at the end out_factor (the rows' factor on O)
+            and lse, stored where has_lse
+  backward  row statistics (log2(e) LSE and Delta) are loaded where has_lse; bwd_weights -> (P into dV, G),
+            mask_grads, dscores -> dS into dQ and dK; dv_factor (dV's factor)
+
+Softmax, in base 2: qk_scale = scale * log2(e) turns a score into a base-2 logit; the forward's online softmax keeps
+the running row max and sum (state), alpha = exp2 of the max's step; P = exp2(s qk_scale - lse2) in the backward,
+lse2 = lse log2(e), dS = P (dP - Delta), Delta = rowsum(dO O) - dLSE (jfa.bwd_common); G is P (no second factor).
+An activation f (GDPA, HSTU): qk_scale = scale, x = s qk_scale; P = f(x), no running state (alpha 1), no lse;
+O = c P V (c: the out scale); G = f'(x), dS = f'(x) dP; dK and dQ take grad_scale = scale c, dV c.
+
+The activations are one table, ACTIVATIONS: name -> one function of (x, FAST) returning (f(x), f'(x)), sharing
+what they share; a kernel that needs one of the two leaves the other to the compiler's dead-code elimination.
 FAST: tanh by the MUFU's tanh.approx (the GPU; max relative error ~2^-11, the bf16/fp16 operands' rounding is
 larger), else exactly (Triton's interpreter, which runs no PTX). sigmoid(x) = 0.5 + 0.5 tanh(x / 2): one MUFU
 operation per score, as softmax's exp2.
@@ -26,29 +32,13 @@ import math
 import triton
 import triton.language as tl
 
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e), every kernel's
 LN2 = tl.constexpr(0.6931471805599453)
-ACTIVATIONS = ("softmax", "silu", "gelu", "gelu_tanh", "relu", "relu2", "sigmoid", "identity")
-SOFTMAX = tl.constexpr(0)
-SILU = tl.constexpr(1)
-GELU = tl.constexpr(2)
-GELU_TANH = tl.constexpr(3)
-RELU = tl.constexpr(4)
-RELU2 = tl.constexpr(5)
-SIGMOID = tl.constexpr(6)
-IDENTITY = tl.constexpr(7)
+SOFTMAX = tl.constexpr("softmax")  # SCORE of softmax (an activation's SCORE is its function)
 _C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi), the tanh form of GELU
 _C1 = tl.constexpr(0.044715)
 _RSQRT2 = tl.constexpr(0.7071067811865476)
 _RSQRT2PI = tl.constexpr(0.3989422804014327)
-
-
-def act_code(activation: str) -> int:
-    return ACTIVATIONS.index(activation)
-
-
-def score_scale(scale: float, activation: str) -> float:
-    """What the kernels multiply a score q . k by: into base-2 logits for softmax, the plain scale otherwise."""
-    return scale * math.log2(math.e) if activation == "softmax" else scale
 
 
 @triton.jit
@@ -62,104 +52,196 @@ def _tanh(x, FAST: tl.constexpr):
         return tl.where(x >= 0, t, -t)
 
 
+# ---- the activations: (f, f') of x, float32, elementwise
+
 @triton.jit
-def activation(x, ACT: tl.constexpr, FAST: tl.constexpr):
-    """f(x), elementwise (float32)."""
-    if ACT == SILU:
-        h = 0.5 * x
-        return h + h * _tanh(h, FAST)
-    elif ACT == GELU:
-        return 0.5 * x * (1.0 + tl.erf(x * _RSQRT2))
-    elif ACT == GELU_TANH:
-        h = 0.5 * x
-        return h + h * _tanh(x * (_C0 + (_C0 * _C1) * x * x), FAST)
-    elif ACT == RELU:
-        return tl.maximum(x, 0.0)
-    elif ACT == RELU2:
-        r = tl.maximum(x, 0.0)
-        return r * r
-    elif ACT == SIGMOID:
-        return 0.5 + 0.5 * _tanh(0.5 * x, FAST)
+def silu(x, FAST: tl.constexpr):
+    """x sigmoid(x) = h + h tanh(h), h = x / 2."""
+    h = 0.5 * x
+    t = _tanh(h, FAST)
+    f = h + h * t
+    sig = 0.5 + 0.5 * t
+    return f, sig + f * (1.0 - sig)
+
+
+@triton.jit
+def gelu(x, FAST: tl.constexpr):
+    """x Phi(x), by erf."""
+    e = 0.5 + 0.5 * tl.erf(x * _RSQRT2)
+    return x * e, e + x * (_RSQRT2PI * tl.exp(-0.5 * x * x))
+
+
+@triton.jit
+def gelu_tanh(x, FAST: tl.constexpr):
+    """GELU's tanh form: x e, e = (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2."""
+    e = 0.5 + 0.5 * _tanh(x * (_C0 + (_C0 * _C1) * x * x), FAST)
+    return x * e, e + 2.0 * x * e * (1.0 - e) * (_C0 + (3.0 * _C0 * _C1) * x * x)
+
+
+@triton.jit
+def relu(x, FAST: tl.constexpr):
+    return tl.maximum(x, 0.0), tl.where(x > 0.0, 1.0, 0.0)
+
+
+@triton.jit
+def relu2(x, FAST: tl.constexpr):
+    """relu(x)^2."""
+    r = tl.maximum(x, 0.0)
+    return r * r, 2.0 * r
+
+
+@triton.jit
+def sigmoid(x, FAST: tl.constexpr):
+    sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
+    return sig, sig * (1.0 - sig)
+
+
+@triton.jit
+def identity(x, FAST: tl.constexpr):
+    return x, 1.0 + 0.0 * x
+
+
+# name -> (f, f'): the activations that may take softmax's place (the reference has the same table in PyTorch)
+ACTIVATIONS = {"silu": silu, "gelu": gelu, "gelu_tanh": gelu_tanh, "relu": relu, "relu2": relu2, "sigmoid": sigmoid,
+               "identity": identity}
+SCORE_NAMES = ("softmax", *ACTIVATIONS)  # what the API takes as activation=
+
+
+def score_fn(activation: str):
+    """The kernels' SCORE constexpr of a score function's name."""
+    return SOFTMAX if activation == "softmax" else ACTIVATIONS[activation]
+
+
+def score_scale(scale: float, activation: str) -> float:
+    """What the kernels multiply a score q . k by: into base-2 logits for softmax, the plain scale otherwise."""
+    return scale * math.log2(math.e) if activation == "softmax" else scale
+
+
+def score_args(p) -> tuple:
+    """The kernels' run-time score group of a jfa.problem.Problem: (qk_scale, out_scale, grad_scale), the factor of
+    the scores, of an activation's output (a per-row scale is applied outside the kernels, jfa.bwd_common), and of
+    dK and dQ (with an activation, the constant out scale folded in: dV takes out_scale, dv_factor)."""
+    qk_scale = score_scale(p.scale, p.activation)
+    return (qk_scale, p.out_scale, p.scale if p.softmax else p.scale * p.out_scale)
+
+
+@triton.constexpr_function
+def has_lse(SCORE):
+    """Whether the score has row statistics: the forward stores the rows' lse, the backward reads LSE and Delta."""
+    return SCORE == SOFTMAX.value
+
+
+# ---- the forward
+
+@triton.jit
+def row_state(rows):
+    """The running row state before the first block, from a float32 vector of zeros of the rows' shape: (row max of
+    the raw scores, row sum); an activation keeps none (it passes the state through unread)."""
+    return rows + float("-inf"), rows
+
+
+@triton.jit
+def mask_scores(s, vis, SCORE: tl.constexpr):
+    """Scores s with the pairs outside vis hidden, before weights: softmax's at -inf (an activation's unchanged:
+    mask_weights)."""
+    if SCORE == SOFTMAX:
+        return tl.where(vis, s, float("-inf"))
     else:
-        return x
+        return s
 
 
 @triton.jit
-def activation_with_grad(x, ACT: tl.constexpr, FAST: tl.constexpr):
-    """(f(x), f'(x)), sharing what they share (one tanh, erf or max)."""
-    if ACT == SILU:
-        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
-        f = x * sig
-        return f, sig + f * (1.0 - sig)
-    elif ACT == GELU:
-        e = 0.5 + 0.5 * tl.erf(x * _RSQRT2)
-        return x * e, e + x * (_RSQRT2PI * tl.exp(-0.5 * x * x))
-    elif ACT == GELU_TANH:
-        e = 0.5 + 0.5 * _tanh(x * (_C0 + (_C0 * _C1) * x * x), FAST)
-        return x * e, e + 2.0 * x * e * (1.0 - e) * (_C0 + (3.0 * _C0 * _C1) * x * x)
-    elif ACT == RELU:
-        return tl.maximum(x, 0.0), tl.where(x > 0.0, 1.0, 0.0)
-    elif ACT == RELU2:
-        r = tl.maximum(x, 0.0)
-        return r * r, 2.0 * r
-    elif ACT == SIGMOID:
-        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
-        return sig, sig * (1.0 - sig)
+def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, EMPTY_ROWS: tl.constexpr = True,
+            FAST: tl.constexpr = True):
+    """One key block's scores s -> (P, the new state, alpha). Softmax: the online softmax in base 2 (state: row max
+    of s and row sum; alpha: what to rescale the earlier sum by; FIRST: the first block, nothing summed before;
+    EMPTY_ROWS: a row may have seen nothing yet, whose P and alpha must be 0, not NaN). An activation: f(s qk_scale),
+    the state passed through, alpha 1 (the rescale folds away)."""
+    qk_scale = score[0]
+    m_i, l_i = state
+    if SCORE == SOFTMAX:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if EMPTY_ROWS:
+            m_scaled = tl.where(m_new == float("-inf"), 0.0, m_new * qk_scale)
+        else:
+            m_scaled = m_new * qk_scale
+        p = tl.exp2(s * qk_scale - tl.expand_dims(m_scaled, 1))
+        alpha = tl.exp2(m_i * qk_scale - m_scaled)
+        if FIRST:
+            l_i = tl.sum(p, 1)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
+        return p, (m_new, l_i), alpha
     else:
-        return x, 1.0 + 0.0 * x
+        p, _ = SCORE(s * qk_scale, FAST)
+        return p, state, tl.where(True, 1.0, m_i)
 
 
 @triton.jit
-def activation_grad(x, ACT: tl.constexpr, FAST: tl.constexpr):
-    """f'(x), elementwise (float32)."""
-    if ACT == SILU:
-        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
-        return sig + x * sig * (1.0 - sig)
-    elif ACT == GELU:
-        return 0.5 * (1.0 + tl.erf(x * _RSQRT2)) + x * (_RSQRT2PI * tl.exp(-0.5 * x * x))
-    elif ACT == GELU_TANH:
-        t = _tanh(x * (_C0 + (_C0 * _C1) * x * x), FAST)
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_C0 + (3.0 * _C0 * _C1) * x * x)
-    elif ACT == RELU:
-        return tl.where(x > 0.0, 1.0, 0.0)
-    elif ACT == RELU2:
-        return 2.0 * tl.maximum(x, 0.0)
-    elif ACT == SIGMOID:
-        sig = 0.5 + 0.5 * _tanh(0.5 * x, FAST)
-        return sig * (1.0 - sig)
+def mask_weights(p, vis, SCORE: tl.constexpr):
+    """Weights p with the pairs outside vis at 0, after weights (softmax's are already 0: mask_scores)."""
+    if SCORE == SOFTMAX:
+        return p
     else:
-        return 1.0 + 0.0 * x
+        return tl.where(vis, p, 0.0)
 
 
 @triton.jit
-def online_softmax(s, m_i, s_scale, EMPTY_ROWS: tl.constexpr = True):
-    """-> (p, the new row max of s, alpha = exp2 of the max's step, in s_scale units), for one block of scores s
-    (a kernel that scales the scores itself passes s_scale = 1). EMPTY_ROWS: a row may have seen nothing yet
-    (max -inf), whose p and alpha must be 0, not NaN."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    if EMPTY_ROWS:
-        m_scaled = tl.where(m_new == float("-inf"), 0.0, m_new * s_scale)
+def out_factor(state, score, SCORE: tl.constexpr):
+    """The rows' factor on the summed P V: softmax's 1 / row sum (1 for a row that saw no key: its O is 0), an
+    activation's out scale."""
+    m_i, l_i = state
+    if SCORE == SOFTMAX:
+        return 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
     else:
-        m_scaled = m_new * s_scale
-    p = tl.exp2(s * s_scale - tl.expand_dims(m_scaled, 1))
-    alpha = tl.exp2(m_i * s_scale - m_scaled)
-    return p, m_new, alpha
+        return tl.where(True, score[1], l_i)
 
 
 @triton.jit
-def softmax_lse(m_i, l_i, s_scale):
-    """The natural-log LSE of rows with running max m_i (of s) and sum l_i; -inf for a row that saw no key."""
+def lse(state, score):
+    """Softmax's natural-log LSE of the rows (has_lse); -inf for a row that saw no key."""
+    m_i, l_i = state
     seen = l_i > 0.0
-    return tl.where(seen, (m_i * s_scale + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    return tl.where(seen, (m_i * score[0] + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+
+
+# ---- the backward
+
+@triton.jit
+def bwd_weights(s, lse2, score, SCORE: tl.constexpr, FAST: tl.constexpr = True):
+    """A block's scores s -> (P, into dV; G, dP's factor in dS): softmax's P = exp2(s qk_scale - lse2) (lse2 = log2(e)
+    LSE broadcast to s's shape; G unused, P again), an activation's (f, f')(s qk_scale) (lse2 unread, None)."""
+    if SCORE == SOFTMAX:
+        p = tl.exp2(s * score[0] - lse2)
+        return p, p
+    else:
+        return SCORE(s * score[0], FAST)
 
 
 @triton.jit
-def softmax_weights(s, s_scale, lse2):
-    """P = exp2(s s_scale - lse2), lse2 = log2(e) lse broadcast to s's shape."""
-    return tl.exp2(s * s_scale - lse2)
+def mask_grads(p, g, vis, SCORE: tl.constexpr):
+    """(P, G) with the pairs outside vis at 0 (softmax's G is unused)."""
+    if SCORE == SOFTMAX:
+        p = tl.where(vis, p, 0.0)
+        return p, p
+    else:
+        return tl.where(vis, p, 0.0), tl.where(vis, g, 0.0)
 
 
 @triton.jit
-def softmax_dscores(p, dp, delta):
-    """dS = P (dP - Delta), Delta broadcast to p's shape (0 wherever P is)."""
-    return p * (dp - delta)
+def dscores(p, dp, g, delta, SCORE: tl.constexpr):
+    """dS of a block from P, dP = dO V^T and G: softmax's P (dP - Delta) (delta broadcast to p's shape; 0 wherever P
+    is), an activation's G dP (delta unread, None)."""
+    if SCORE == SOFTMAX:
+        return p * (dp - delta)
+    else:
+        return g * dp
+
+
+@triton.jit
+def dv_factor(score, SCORE: tl.constexpr):
+    """dV's factor: an activation's constant out scale (dK's and dQ's is grad_scale), 1 for softmax (folds away)."""
+    if SCORE == SOFTMAX:
+        return 1.0
+    else:
+        return score[1]

@@ -1,16 +1,18 @@
 """Compile every default kernel form for sm_90 (no GPU needed) and compare two such dumps modulo numbering: the check
 that a refactor left the kernels as they were (docs/perf-notes.md; CONTRIBUTING.md).
 
-    TRITON_INTERPRET=0 python scripts/ptx_forms.py dump DIR [--only SUBSTRING]
+    TRITON_INTERPRET=0 python scripts/ptx_forms.py dump DIR [--only SUBSTRING] [--variants]
     python scripts/ptx_forms.py diff DIR_BEFORE DIR_AFTER
 
 `dump` writes one DIR/<form>.ptx per form: the Hopper kernels (jfa.hopper.aot.default_forms), the portable Triton
-kernels (jfa.triton.aot, each kernel x head dim x dtype) and the schedule's refresh kernel. `diff` renumbers
+kernels (jfa.triton.aot, each kernel x head dim x dtype) and the schedule's refresh kernel; with --variants, the score
+functions' and HSTU's mask's forms instead (silu, gelu_tanh; targets with softmax and silu). `diff` renumbers
 registers and labels by first use, drops debug lines, and prints per form: same, or the first differing lines and
 the instruction counts of both (exit status 1 if any form differs or is missing).
 """
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import sys
@@ -34,30 +36,47 @@ def _triton_forms():
     return forms
 
 
+def _variant_forms():
+    """The attention variants' forms (bf16, self-attention): every Hopper kernel form with silu and gelu_tanh, the
+    HSTU mask's with softmax and silu, and the portable kernels with the activations."""
+    import torch
+
+    from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd
+    from jfa.hopper.config import DqRoute, select_dkdv, select_fwd
+    from jfa.triton.aot import compile_kernel
+    bf16, forms = torch.bfloat16, {}
+    for d in (64, 128):
+        variants = [(a, False) for a in ("silu", "gelu_tanh")] + [(a, True) for a in ("softmax", "silu")]
+        for act, targets in variants:
+            tag = f"bf16-d{d}-{act}{'-targets' if targets else ''}"
+            kw = dict(activation=act, targets=targets)
+
+            def cfg(c, targets=targets):  # (HSTU's mask posts no items: jfa.hopper.config)
+                return dataclasses.replace(c, posted_items=False) if targets else c
+            for mean, name in ((float("inf"), "long"), (64, "tile")):
+                forms[f"hfwd-{tag}-{name}"] = lambda d=d, kw=kw, f=cfg, m=mean: compile_fwd(
+                    d, bf16, False, f(select_fwd(d, m)), **kw).ptx
+            for route, name in ((DqRoute.NONE, "none"), (DqRoute.REDUCE, "reduce"), (DqRoute.DIRECT, "direct")):
+                forms[f"hdkdv-{tag}-{name}"] = lambda d=d, kw=kw, r=route, f=cfg: compile_dkdv(
+                    d, bf16, False, f(select_dkdv(d, r)), **kw).ptx
+            forms[f"hdq-{tag}-skip0"] = lambda d=d, kw=kw: compile_dq(d, bf16, False, **kw).ptx
+        for act in ("silu", "gelu_tanh"):
+            for name in ("fwd", "dkdv", "dq"):
+                forms[f"t{name}-bf16-d{d}-{act}"] = lambda n=name, d=d, a=act: compile_kernel(n, d, bf16,
+                                                                                          activation=a).ptx
+    return forms
+
+
 def _schedule_forms():
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    import torch
 
-    from jfa import schedule
-    fn = schedule.refresh_kernel
-    consts = dict(BLOCK_M=128, BLOCK_N=128, CLASSES=schedule.CLASSES, WINDOW_ROUNDS=schedule.WINDOW_ROUNDS,
-                  ROTATE=schedule.ROTATE, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK, TARGETS=False,
-                  KEY_TILES=False)
-
-    def compile_refresh(offsets):
-        sig = {a: "constexpr" if a in consts else offsets if a.endswith(("offsets", "targets")) else "*i64" if a == "seen"
-               else "*i32" if a in ("scratch", "tiles", "tile_cost", "order", "sm_start") else "i32"
-               for a in fn.arg_names}
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=schedule.REFRESH_BLOCK // 256)).asm["ptx"]
-    return {f"refresh-{o[1:]}": (lambda o=o: compile_refresh(o)) for o in ("*i32", "*i64")}
+    from jfa.hopper.aot import compile_refresh
+    return {f"refresh-{t}": (lambda d=d: compile_refresh(d)) for t, d in (("i32", torch.int32), ("i64", torch.int64))}
 
 
-def dump(out_dir, only=None):
+def dump(out_dir, only=None, variants=False):
     os.makedirs(out_dir, exist_ok=True)
-    forms = {**_hopper_forms(), **_triton_forms(), **_schedule_forms()}
+    forms = _variant_forms() if variants else {**_hopper_forms(), **_triton_forms(), **_schedule_forms()}
     failed = 0
     for name, compile_ptx in forms.items():
         if only and only not in name:
@@ -78,15 +97,18 @@ def dump(out_dir, only=None):
 _TOKEN = re.compile(r"%[a-z]+\d+|\$L__[A-Za-z_]+\d+|__unnamed_\d+|_param_\d+")
 
 
-def normalize(ptx: str, erase: bool = False) -> list[str]:
+def normalize(ptx: str, erase: bool = False, params: bool = True) -> list[str]:
     """PTX code lines without debug info and comments, registers and labels renumbered by first use (erase: with
-    no numbers at all, so that one inserted instruction does not renumber the rest)."""
+    no numbers at all, so that one inserted instruction does not renumber the rest; params=False: without the
+    parameter declarations and loads, so that the order of the kernel's parameters does not matter)."""
     names: dict = {}
     counts: collections.Counter = collections.Counter()
     lines = []
     for line in ptx.split("\t.section\t.debug")[0].splitlines():
         line = line.split("//")[0].strip()
         if not line or line.startswith((".loc", ".file")) or re.fullmatch(r"\$L__tmp\d+:", line):
+            continue
+        if not params and (line.startswith((".param", "ld.param")) or line in ("(", ")")):
             continue
 
         def rename(m):
@@ -131,6 +153,11 @@ def diff(before, after) -> int:
             print(f"{name}: the same instructions; the kernel's parameter list differs (an argument it does not "
                   f"read: {len(a) - len(code_a)} vs {len(b) - len(code_b)} parameters)")
             continue
+        loads = [sorted(x.split()[0] for x in lines if x.startswith("ld.param")) for lines in (a, b)]
+        if loads[0] == loads[1] and normalize(a_ptx, params=False) == normalize(b_ptx, params=False):
+            print(f"{name}: the same instructions modulo the order of the kernel's parameters ({len(a)} lines; "
+                  f"their loads: the same {len(loads[0])})")
+            continue
         first = next(i for i, (x, y) in enumerate(zip(a + [""], b + [""])) if x != y)
         ia, ib = _instructions(a), _instructions(b)
         moved = {k: (ia[k], ib[k]) for k in set(ia) | set(ib) if ia[k] != ib[k]}
@@ -147,12 +174,13 @@ def main(argv=None) -> int:
     d = sub.add_parser("dump")
     d.add_argument("dir")
     d.add_argument("--only", help="only the forms whose name holds this")
+    d.add_argument("--variants", action="store_true", help="the score functions' and masks' forms instead")
     c = sub.add_parser("diff")
     c.add_argument("before")
     c.add_argument("after")
     args = p.parse_args(argv)
     if args.cmd == "dump":
-        return 1 if dump(args.dir, args.only) else 0
+        return 1 if dump(args.dir, args.only, args.variants) else 0
     return diff(args.before, args.after)
 
 

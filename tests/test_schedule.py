@@ -16,10 +16,12 @@ from jfa.testing import offsets_of
 pytestmark = pytest.mark.interpreter
 
 
-def _tile_cost(mask, rows, block, key_tiles):
-    """Blocks of `block` a tile walks: from its first visible pair's block to its last; a key tile (HSTU's mask: rows
-    are keys here, mask[:, rows] their queries) also its context rows' blocks before those."""
-    if key_tiles:
+def _tile_cost(mask, rows, block, key_tiles, targets):
+    """Blocks of `block` a tile walks: from its first visible pair's block to its last (a key tile's: rows are keys
+    here, mask[:, rows] their queries); a key tile with HSTU's mask also its context rows' blocks before those."""
+    if key_tiles and not targets:
+        mask = mask.T
+    elif key_tiles:
         seen = torch.nonzero(mask[:, rows].any(1)).flatten()
         if not len(seen):
             return 0
@@ -46,14 +48,16 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
     tiles, costs, heaviest = [], [], []
     for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
         first_tile = len(costs)
+        left, right, context = spec.mask
         if num_targets is None:
-            mask = visible_mask(lq, lk, spec.left, spec.right)
-        else:  # HSTU's mask: the window is the spec's left, or for key tiles (mirrored) its right
-            mask = visible_mask(lq, lq, spec.right if spec.key_tiles else spec.left, 0,
-                                targets=(num_targets[b], spec.context))
+            mask = visible_mask(lq, lk, left, right)
+        else:  # HSTU's mask: the window is the spec's left
+            mask = visible_mask(lq, lq, left, 0, targets=(num_targets[b], context))
+        if spec.key_tiles:  # rows are keys here, mask[:, rows] their queries
+            lq = lk
         for t in range(-(-lq // spec.block_m)):
             rows = slice(t * spec.block_m, (t + 1) * spec.block_m)
-            costs.append(_tile_cost(mask, rows, spec.block_n, spec.key_tiles))
+            costs.append(_tile_cost(mask, rows, spec.block_n, spec.key_tiles, num_targets is not None))
             tiles.append((b, t))
         heaviest += [max(costs[first_tile:], default=0)] * (len(costs) - first_tile)
     costs += [-1] * (schedule.capacity(spec, len(q_lens)) - len(costs))
@@ -107,7 +111,7 @@ def test_schedule_matches_the_spec(name, block_m, block_n, heads, ctas, offsets_
     q_lens, kv_lens, causal, window = CASES[name]
     kv_lens = kv_lens or q_lens
     qo, ko = offsets_of(q_lens, dtype=offsets_dtype), offsets_of(kv_lens, dtype=offsets_dtype)
-    spec = ScheduleSpec(int(qo[-1]), heads, block_m, block_n, *resolve_window(causal, window), ctas)
+    spec = ScheduleSpec(int(qo[-1]), heads, block_m, block_n, ctas, (*resolve_window(causal, window), 0))
     check_against_spec(schedule.build(qo, ko, spec, int(ko[-1])), q_lens, kv_lens, spec)
 
 
@@ -116,7 +120,7 @@ def test_many_tiles_match_the_spec():
     chunks."""
     q_lens = [(7 * i) % 5 for i in range(2 * schedule.REFRESH_BLOCK)] + [2000]
     qo = offsets_of(q_lens)
-    spec = ScheduleSpec(int(qo[-1]), 2, 32, 1, *resolve_window(True, (-1, -1)), 7)
+    spec = ScheduleSpec(int(qo[-1]), 2, 32, 1, 7, (*resolve_window(True, (-1, -1)), 0))
     check_against_spec(schedule.build(qo, qo, spec, int(qo[-1])), q_lens, q_lens, spec)
 
 
@@ -126,10 +130,10 @@ def test_broadcast_and_transposed_schedules_match_the_spec():
     kv_lens = [0, 1, 65, 300, 7]
     qo, ko = torch.arange(len(kv_lens) + 1) * 3, offsets_of(kv_lens)
     left, right = resolve_window(True, (-1, -1))
-    spec = ScheduleSpec(int(qo[-1]), 2, 32, 64, left, right, 3)
+    spec = ScheduleSpec(int(qo[-1]), 2, 32, 64, 3, (left, right, 0))
     check_against_spec(schedule.build(qo, ko, spec, int(ko[-1])), [3] * len(kv_lens), kv_lens, spec)
-    swapped = ScheduleSpec(int(ko[-1]), 2, 64, 32, right, left, 3)
-    check_against_spec(schedule.build(ko, qo, swapped, int(qo[-1])), kv_lens, [3] * len(kv_lens), swapped)
+    key_tiles = ScheduleSpec(int(ko[-1]), 2, 64, 32, 3, (left, right, 0), key_tiles=True)
+    check_against_spec(schedule.build(qo, ko, key_tiles, int(qo[-1])), [3] * len(kv_lens), kv_lens, key_tiles)
 
 
 SKEWED = ["self-skewed-8k", "causal-skewed-4k", "pma-256"]
@@ -142,7 +146,7 @@ def test_zigzag_balances_skewed_workloads(name):
     kv = suite.kv_lengths(w)
     ko = offsets_of(kv.tolist())
     qo = torch.arange(kv.numel() + 1, dtype=torch.int32) * w.q_len if w.mode == "broadcast" else ko
-    spec = ScheduleSpec(int(qo[-1]), w.heads_q, 128, 128, *resolve_window(False, tuple(w.window)), 132)
+    spec = ScheduleSpec(int(qo[-1]), w.heads_q, 128, 128, 132, (*resolve_window(False, tuple(w.window)), 0))
     loads = schedule.sm_loads(schedule.build(qo, ko, spec, int(ko[-1])), 132)
     ratio = (loads.max() / loads.mean()).item()
     assert ratio <= 1.05, f"{name}: max/mean CTA load {ratio:.3f}"
@@ -174,7 +178,7 @@ def test_cached_schedule_follows_offsets_rewritten_in_place(how):
     first, second = [100, 0, 300, 112], [1, 255, 200, 56]
     qo = offsets_of(first)
     version = qo._version
-    spec = ScheduleSpec(512, 2, 64, 32, *resolve_window(True, (-1, -1)), 3)
+    spec = ScheduleSpec(512, 2, 64, 32, 3, (*resolve_window(True, (-1, -1)), 0))
     a = cache.get(qo, qo, spec, 512)
     check_against_spec(a, first, first, spec)
     _rewrite(qo, offsets_of(second), how)
@@ -190,7 +194,7 @@ def test_cache_refresh_rebuilds_only_when_the_offsets_change():
     a change rebuilds them; an equal but different tensor gets an entry of its own."""
     cache = schedule.ScheduleCache()
     qo = offsets_of([5, 300, 64])
-    spec = ScheduleSpec(int(qo[-1]), 2, 64, 64, *resolve_window(False, (-1, -1)), 4)
+    spec = ScheduleSpec(int(qo[-1]), 2, 64, 64, 4, (*resolve_window(False, (-1, -1)), 0))
     a = cache.get(qo, qo, spec, int(qo[-1]))
     a.order.fill_(-7)  # poison: a rebuild would overwrite it
     assert cache.get(qo, qo, spec, int(qo[-1])) is a and bool((a.order == -7).all())
@@ -206,12 +210,12 @@ def _target_geometry_kernel(offsets, num_targets, OUT, context, window, BLOCK_M:
                             BLOCK_N: tl.constexpr, TILES: tl.constexpr):
     """Per sequence and tile: a query tile's (lo, hi, full_lo, full_hi) and a key tile's (prefix end, lo, hi,
     full_lo, full_hi) (query tiles of BLOCK_M rows over key blocks of BLOCK_N, key tiles the same way round)."""
-    from jfa.geometry import key_blocks, query_blocks, query_prefix, sequence_bounds
+    from jfa.geometry import key_blocks, mask_rule, query_blocks, query_prefix, sequence, sequence_bounds
     b = tl.program_id(0)
     t = tl.program_id(1)
     q_start, kv_start, lens = sequence_bounds(offsets, offsets, b)
-    seq = (lens[0], lens[1], tl.load(num_targets + b))
-    rule = (window, 0, context, True)
+    rule = mask_rule((num_targets, window, 0, context))
+    seq = sequence(b, lens, rule)
     base = OUT + (b * TILES + t) * 9
     lo, f_lo, f_hi, hi = key_blocks(t * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
     tl.store(base + 0, lo)
@@ -281,7 +285,5 @@ def test_target_schedule_matches_the_spec(name, key_tiles):
     lens, targets, context, window = TARGET_CASES[name]
     qo, nt = offsets_of(lens), torch.tensor(targets, dtype=torch.int32)
     left, right = resolve_window(True, (window, -1))
-    if key_tiles:  # as jfa.hopper.config.key_tile_schedule makes it: the window mirrored
-        left, right = right, left
-    spec = ScheduleSpec(int(qo[-1]), 2, 32, 16, left, right, 5, targets=True, context=context, key_tiles=key_tiles)
+    spec = ScheduleSpec(int(qo[-1]), 2, 32, 16, 5, (left, right, context), targets=True, key_tiles=key_tiles)
     check_against_spec(schedule.build(qo, qo, spec, int(qo[-1]), nt), lens, lens, spec, targets)

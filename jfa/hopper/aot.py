@@ -7,34 +7,45 @@ import re
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
 
-from ..ptxas import Report, meta_problem, report
+from ..ptxas import Report, aot_signature, meta_problem, report
+from ..schedule import ScheduleSpec, allocate
 from . import bwd, bwd_dq, fwd
 from .config import DkdvConfig, DqConfig, DqRoute, FwdConfig, select_dkdv, select_dq, select_fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-_SCHEDULE = ("q_offsets", "kv_offsets", "tiles", "order", "sm_start", "num_targets")
 
 
-def _compile(name, kernel, descs, constexprs, types, head_dim, dtype, **options) -> Report:
-    """Compile `kernel` with descriptor args `descs`, `constexprs`, pointer/float `types` (others: i32).
-    The Report's ptx field holds the PTX; its .ttgir attribute the TTGIR (for IR-level checks)."""
-    types = dict(types, **{arg: "*i32" for arg in _SCHEDULE})
-    sig = {arg: "constexpr" if arg in constexprs else mangle_type(descs[arg]) if arg in descs
-           else types.get(arg, "i32") for arg in kernel.arg_names}
-    # as a launch specializes them: pointers 16-byte aligned, q/k/v/o-shaped row and head strides multiples of 16
-    # elements (not LSE's head stride, which is the row count)
-    aligned = [i for i, arg in enumerate(kernel.arg_names)
-               if sig[arg].startswith("*") or (arg.startswith("stride_") and arg != "stride_lh")]
-    attrs = {(i, ): [["tt.divisibility", 16]] for i in aligned}
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+def _compile(name, kernel, args, constexprs, head_dim, dtype, **options) -> Report:
+    """Compile `kernel` with its launcher's run-time arguments `args` (descriptors over host tensors, the rest on
+    meta tensors: jfa.ptxas.aot_signature) and `constexprs`. The Report's ptx field holds the PTX; its .ttgir
+    attribute the TTGIR (for IR-level checks)."""
+    sig, constexprs = aot_signature(kernel, args, constexprs)
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=_aligned(args))
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **options))
     result = report(name, head_dim, _TL[dtype], compiled.asm["ptx"])
     result.ttgir = compiled.asm["ttgir"]
     result.shared = compiled.metadata.shared
     return result
+
+
+def _aligned(args) -> dict:
+    """The divisibility a launch specializes on: every pointer 16-byte aligned, and the row and head strides of
+    [rows, heads, D] tensors multiples of 16 elements (not LSE's head stride, which is the row count)."""
+    attrs = {}
+
+    def walk(x, path, strides):
+        if isinstance(x, tuple):
+            rows = len(x) == 3 and isinstance(x[0], torch.Tensor) and x[0].dim() == 3
+            for i, y in enumerate(x):
+                walk(y, path + (i, ), rows)
+        elif isinstance(x, torch.Tensor) or (strides and isinstance(x, int)):
+            attrs[path] = [["tt.divisibility", 16]]
+    for i, x in enumerate(args):
+        walk(x, (i, ), False)
+    return attrs
 
 
 def producer_loop_bounds_are_per_item(ttgir: str) -> bool:
@@ -59,47 +70,70 @@ def _host_tensor(head_dim, dtype):
     return torch.empty(128, 2, head_dim, dtype=dtype)  # host descriptors only read shapes and strides here
 
 
-def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: FwdConfig | None = None,
-                activation="softmax", targets=False) -> Report:
-    """The forward (jfa.hopper.fwd) in config cfg (select_fwd's for an unbounded mean key length by default);
-    targets: with HSTU's mask."""
+def _outputs(p):
+    """Meta tensors for what the kernels write and read besides the problem: O-shaped rows, and per-head rows
+    (LSE, Delta) of a count that is no multiple of 16, as a launch's in general."""
+    return p.q.new_empty(p.rows, p.heads, p.head_dim), p.q.new_empty(p.heads, p.rows + 1, dtype=torch.float32)
+
+
+def _schedule(p):
+    return allocate(ScheduleSpec(128, p.heads, 128, 128, 1), p.batch, 128, "meta")
+
+
+def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: FwdConfig | None = None, **fields) -> Report:
+    """The forward (jfa.hopper.fwd) in config cfg (select_fwd's for an unbounded mean key length by default), on a
+    problem of these shapes and Problem fields (jfa.ptxas.meta_problem: activation=..., targets=True, ...)."""
     cfg = cfg or select_fwd(head_dim)
+    p = meta_problem(head_dim, dtype, broadcast, **fields)
     x = _host_tensor(head_dim, dtype)
-    descs = dict(zip(("q_desc", "k_desc", "v_desc"), fwd.descriptors(x, x, x, cfg)))
-    constexprs = fwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation, targets=targets))
-    types = {"O": f"*{_TL[dtype]}", "LSE": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
-    return _compile("hopper_fwd", fwd.hopper_fwd_kernel, descs, constexprs, types, head_dim, dtype,
+    out, lse = _outputs(p)
+    args = fwd.kernel_args(p, fwd.descriptors(x, x, x, cfg), out, lse, _schedule(p))
+    return _compile("hopper_fwd", fwd.hopper_fwd_kernel, args, fwd.constexprs(cfg, p), head_dim, dtype,
                     **cfg.launch_options())
 
 
 def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: DkdvConfig | None = None,
-                 activation="softmax", targets=False) -> Report:
+                 **fields) -> Report:
     """The dK/dV kernel (jfa.hopper.bwd) in config cfg (select_dkdv's without dQ by default), reported as
     hopper_dkdv (no dQ), hopper_bwd (the one pass, DqRoute.REDUCE) or hopper_dkdv_dq (DqRoute.DIRECT)."""
     cfg = cfg or select_dkdv(head_dim)
+    p = meta_problem(head_dim, dtype, broadcast, **fields)
     x = _host_tensor(head_dim, dtype)
     dq = _host_tensor(head_dim, torch.float32)
-    names = ("q_desc", "do_desc", "k_desc", "v_desc", "dq_desc")
-    descs = dict(zip(names, bwd.descriptors(x, x, x, x, cfg, dq)))
-    constexprs = bwd.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation, targets=targets))
-    types = {"DK": f"*{_TL[dtype]}", "DV": f"*{_TL[dtype]}", "DQ": f"*{_TL[dtype]}", "LSE": "*fp32",
-             "DELTA": "*fp32", "scale": "fp32", "qk_scale": "fp32"}
+    out, lse = _outputs(p)
+    args = bwd.kernel_args(p, bwd.descriptors(x, x, x, x, cfg, dq), (out, out, out), lse, lse, _schedule(p))
     name = {DqRoute.NONE: "hopper_dkdv", DqRoute.REDUCE: "hopper_bwd", DqRoute.DIRECT: "hopper_dkdv_dq"}[cfg.dq]
-    return _compile(name, bwd.hopper_dkdv_kernel, descs, constexprs, types, head_dim, dtype)
+    return _compile(name, bwd.hopper_dkdv_kernel, args, bwd.constexprs(cfg, p), head_dim, dtype)
 
 
 def compile_dq(head_dim: int, dtype: torch.dtype, broadcast=False, skip_kv=0, cfg: DqConfig | None = None,
-               activation="softmax", targets=False) -> Report:
+               **fields) -> Report:
     """The dQ kernel (jfa.hopper.bwd_dq); broadcast writes float32 partials; skip_kv > 0: it skips the sequences
     of at most that many keys (DqRoute.DIRECT)."""
     cfg = cfg or select_dq(head_dim)
+    p = meta_problem(head_dim, dtype, broadcast, **fields)
     x = _host_tensor(head_dim, dtype)
-    descs = dict(zip(("q_desc", "do_desc", "k_desc", "v_desc"), bwd_dq.descriptors(x, x, x, x, cfg)))
-    constexprs = bwd_dq.constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation,
-                                                     targets=targets), skip_kv)
-    types = {"DQ": "*fp32" if broadcast else f"*{_TL[dtype]}", "LSE": "*fp32", "DELTA": "*fp32", "scale": "fp32",
-             "qk_scale": "fp32"}
-    return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, descs, constexprs, types, head_dim, dtype)
+    out, lse = _outputs(p)
+    dq = out.float() if broadcast else out
+    args = bwd_dq.kernel_args(p, bwd_dq.descriptors(x, x, x, x, cfg), dq, lse, lse, _schedule(p))
+    return _compile("hopper_dq", bwd_dq.hopper_dq_kernel, args, bwd_dq.constexprs(cfg, p, skip_kv), head_dim, dtype)
+
+
+def compile_refresh(offsets_dtype=torch.int32, targets=False, key_tiles=False) -> str:
+    """The PTX of the schedule's refresh kernel (jfa.schedule.refresh_kernel) for these offsets, with HSTU's mask's
+    target counts or not, for key tiles or query tiles."""
+    from .. import schedule
+
+    def meta(dtype=torch.int32):
+        return torch.empty(4, dtype=dtype, device="meta")
+    offsets = meta(offsets_dtype)
+    args = ((offsets, offsets), meta(torch.int64), meta(), (meta(), meta(), meta(), meta()), (1, 2, 3, 4, 5, 6),
+            (meta(offsets_dtype) if targets else None, 1, 2, 3))
+    consts = dict(BLOCK_M=128, BLOCK_N=128, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK, KEY_TILES=key_tiles)
+    sig, consts = aot_signature(schedule.refresh_kernel, args, consts)
+    src = ASTSource(fn=schedule.refresh_kernel, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=schedule.REFRESH_BLOCK // 256)).asm["ptx"]
 
 
 def default_forms():

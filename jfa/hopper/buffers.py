@@ -16,6 +16,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from ..variants import LOG2E
 from .common import aggregate
 from .items import Item
 
@@ -140,7 +141,7 @@ class RowStats:
         lse = gl.load(LSE + offs, mask=offs < rows, other=0.0)
         delta = gl.load(DELTA + offs, mask=offs < rows, other=0.0)
         slot = it % self.STAGES
-        self.buf.index(2 * slot).store(lse * 1.4426950408889634)
+        self.buf.index(2 * slot).store(lse * LOG2E)
         self.buf.index(2 * slot + 1).store(delta)
         # every lane's stores before the one elected lane's arrive on the ready barrier (which releases them)
         gl.thread_barrier()
@@ -233,9 +234,10 @@ class ItemOperands:
         k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [WARPS], [0]))
         rec = self.meta.index(t % self.SLOTS).load(k.type.layout)
         head = _field(rec, k, 0)
-        return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), _field(rec, k, 3), _field(rec, k, 4),
-                    _field(rec, k, 5), _field(rec, k, 6), _field(rec, k, 7), gl.to_tensor(0), gl.to_tensor(0),
-                    False)  # (no posted items with HSTU's mask: jfa.hopper.config)
+        q_len, kv_len = _field(rec, k, 3), _field(rec, k, 5)
+        # (a window's items only: HSTU's mask posts none, jfa.hopper.config; the walk has no prefix)
+        return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), q_len, _field(rec, k, 4), kv_len,
+                    (q_len, kv_len), gl.to_tensor(0), _field(rec, k, 6), _field(rec, k, 7), False)
 
     @gluon.jit
     def acquire(self, t):

@@ -27,16 +27,16 @@ the tile (jfa.hopper.config.key_tile_schedule). Partitions:
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..bwd_common import backward_scales
+from .. import variants
 from ..geometry import full_query_blocks
 from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
-from ..variants import SOFTMAX, act_code
+from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring, RowStats
 from .bwd_block import Consumer, DkdvGrads, OnePass, QBlock, dkdv_block, one_pass_block
-from .common import WG_ROWS, Batch, Shape, aligned, mma_layout, store_rows, tma_descriptor
-from .config import DkdvConfig, DqRoute, key_tile_schedule
+from .common import WG_ROWS, Batch, Shape, aligned, mma_layout, rows, store_rows, tma_descriptor
+from .config import DkdvConfig, DqRoute, check_posted, key_tile_schedule
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 from .items import WorkList
 
@@ -58,11 +58,10 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
                 row = tile.kv_start + tile.start + w * WG_ROWS
                 kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
             for g in range(shape.GROUP):
-                if batch.TARGETS:  # HSTU's mask: the context rows first (the walk: Item.block_start)
-                    for m0 in range(0, tile.pre, BLOCK_M):
+                for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
+                    lo, hi = tile.part(part)
+                    for m0 in range(lo, hi, BLOCK_M):
                         it = _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats)
-                for m0 in range(tile.lo, tile.hi, BLOCK_M):  # the item's walk (Item.n_blocks blocks)
-                    it = _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats)
             t += 1
     if kv_ops.POSTED:
         kv_ops.close(t)  # the consumers' end mark
@@ -76,7 +75,7 @@ def _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats):
     col = (tile.head * shape.GROUP + g) * HEAD_DIM
     q_row = m0 if shape.BROADCAST else tile.q_start + m0  # broadcast: one dense q
     qdo.claim(it)
-    if (stats is not None) and (shape.ACT == SOFTMAX):  # (an activation needs neither)
+    if (stats is not None) and variants.has_lse(shape.SCORE):  # (the rows' statistics, where the score has them)
         head_row = (tile.head * shape.GROUP + g) * grads.stride_lh
         stats.put(it, grads.LSE + head_row, grads.DELTA + head_row, tile.q_start + m0, grads.stride_lh)
     qdo.issue(it, q_desc, [q_row, col], do_desc, [tile.q_start + m0, col])
@@ -104,8 +103,8 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
     if not c.kv_ops.POSTED:
         c.kv_ops.wait(t, WG)
     # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
-    j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.seq(), c.batch.rule(), BLOCK_M, WG_ROWS)
-    if c.batch.TARGETS:  # HSTU's mask: the context rows' (masked) blocks first
+    j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.seq, c.batch.rule, BLOCK_M, WG_ROWS)
+    if tile.PREFIX:  # the walk's prefix: its (masked) blocks first (Item.block_start)
         n_pre = tile.n_pre(BLOCK_M)
         n_blocks, j_lo, j_hi = n_blocks + n_pre, j_lo + n_pre, j_hi + n_pre
     if ONE_PASS:  # keys past the sequence's end reach dQ: their blocks take the mask
@@ -125,12 +124,10 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
                     dk, dv = dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED=seg != 1)
                 it += 1
     c.kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
-    if c.shape.ACT != SOFTMAX:  # an activation's constant out scale, folded into grads.scale (bwd_common)
-        dv = dv * (grads.scale / grads.qk_scale)
-    store_rows(grads.DK + tile.head * grads.stride_dkh, grads.stride_dkt, (dk * grads.scale).to(dtype), k0,
-               tile.kv_start, tile.kv_len)
-    store_rows(grads.DV + tile.head * grads.stride_dvh, grads.stride_dvt, dv.to(dtype), k0, tile.kv_start,
+    store_rows(grads.dk.head(tile.head), grads.dk.stride_t, (dk * grads.score[2]).to(dtype), k0, tile.kv_start,
                tile.kv_len)
+    dv = dv * variants.dv_factor(grads.score, c.shape.SCORE)
+    store_rows(grads.dv.head(tile.head), grads.dv.stride_t, dv.to(dtype), k0, tile.kv_start, tile.kv_len)
     return it
 
 
@@ -159,47 +156,50 @@ def _dkdv_partition(c, work, d, DIRECT: gl.constexpr):
 
 
 @gluon.jit
-def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, DK, DV, DQ, LSE, DELTA, q_offsets, kv_offsets, tiles,
-                       order, sm_start, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-                       stride_lh, tile_capacity, heads_kv, scale, qk_scale, LEFT, RIGHT, num_targets, CONTEXT,
-                       GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
-                       SERIAL: gl.constexpr, BROADCAST: gl.constexpr, ONE_PASS: gl.constexpr, DIRECT: gl.constexpr,
-                       KV_SLOTS: gl.constexpr, POSTED: gl.constexpr, ACT: gl.constexpr, TARGETS: gl.constexpr,
-                       num_warps: gl.constexpr):
-    """ONE_PASS: dQ too (DkdvConfig.one_pass), with the rows' LSE and Delta through shared memory (RowStats):
-    through the writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with DIRECT, only for the
-    sequences whose keys fit one item, stored into DQ (q's dtype) by the consumers (DqRoute.DIRECT). Else neither
-    dq_desc nor DQ is used."""
-    shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, SERIAL, BROADCAST, ACT)
-    work = WorkList.create(tiles, order, sm_start, tile_capacity, heads_kv)
-    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS)
-    grads = DkdvGrads.create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
-                             stride_dqh, stride_lh, scale, qk_scale)
+def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, offsets, sched, score, mask,
+                       GROUP: gl.constexpr, BROADCAST: gl.constexpr, CFG: gl.constexpr, SCORE: gl.constexpr):
+    """grads: (dK, dV, dQ), each (pointer, row stride, head stride); stats: (LSE, Delta, their head stride); the
+    rest as jfa.hopper.fwd's kernel. CFG (a DkdvConfig) with one_pass: dQ too, with the rows' LSE and Delta through
+    shared memory (RowStats): through the writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with
+    DqRoute.DIRECT, only for the sequences whose keys fit one item, stored into grads' dQ (q's dtype) by the
+    consumers. Else neither dq_desc nor dQ is used."""
+    BLOCK_M: gl.constexpr = CFG.block_m
+    STAGES: gl.constexpr = CFG.stages
+    KV_SLOTS: gl.constexpr = CFG.kv_slots
+    POSTED: gl.constexpr = CFG.posted_items
+    DQ_STAGES: gl.constexpr = CFG.dq_stages
+    DIRECT: gl.constexpr = CFG.direct
+    shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, CFG.serial, BROADCAST, SCORE)
+    work = WorkList.create(sched)
+    batch = Batch.create(offsets, mask)
+    grads = DkdvGrads.create(grads, stats, score)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS, POSTED)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
-    if ONE_PASS:
-        stats = RowStats.alloc(BLOCK_M, STAGES)
-        d = OnePass(stats, DqStage.alloc(k_desc.dtype, dq_desc, k_desc.block_shape[1], BLOCK_M, 2, DQ_STAGES,
-                                         not DIRECT))
+    c0 = Consumer(shape, kv_ops, qdo, grads, batch, 0)
+    c1 = Consumer(shape, kv_ops, qdo, grads, batch, 1)
+    if not CFG.one_pass:  # (DqRoute.NONE: the dQ pass computes dQ)
+        gl.warp_specialize([
+            (_dkdv_partition, (c0, work, None, False)),
+            (_dkdv_partition, (c1, work, None, False)),
+            (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, None)),
+        ], [4, 1], [240, 24])
+    else:
+        row_stats = RowStats.alloc(BLOCK_M, STAGES)
+        d = OnePass(row_stats, DqStage.alloc(k_desc.dtype, dq_desc, k_desc.block_shape[1], BLOCK_M, 2, DQ_STAGES,
+                                             not DIRECT))
         if DIRECT:
             gl.warp_specialize([
-                (_dkdv_partition, (Consumer(shape, kv_ops, qdo, grads, batch, 0), work, d, True)),
-                (_dkdv_partition, (Consumer(shape, kv_ops, qdo, grads, batch, 1), work, d, True)),
-                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)),
+                (_dkdv_partition, (c0, work, d, True)),
+                (_dkdv_partition, (c1, work, d, True)),
+                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, row_stats)),
             ], [4, 1], [240, 24])
         else:
             gl.warp_specialize([
-                (_dkdv_partition, (Consumer(shape, kv_ops, qdo, grads, batch, 0), work, d, False)),
-                (_dkdv_partition, (Consumer(shape, kv_ops, qdo, grads, batch, 1), work, d, False)),
-                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)),
+                (_dkdv_partition, (c0, work, d, False)),
+                (_dkdv_partition, (c1, work, d, False)),
+                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, row_stats)),
                 (dq_writer_partition, (shape, work, batch, dq_desc, d.stage)),
             ], [4, 1, 1], [240, 24, 24])
-    else:
-        gl.warp_specialize([
-            (_dkdv_partition, (Consumer(shape, kv_ops, qdo, grads, batch, 0), work, None, False)),
-            (_dkdv_partition, (Consumer(shape, kv_ops, qdo, grads, batch, 1), work, None, False)),
-            (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, None)),
-        ], [4, 1], [240, 24])
 
 
 def descriptors(q, dout, k, v, cfg: DkdvConfig, dq=None):
@@ -214,22 +214,26 @@ def descriptors(q, dout, k, v, cfg: DkdvConfig, dq=None):
 
 def constexprs(cfg: DkdvConfig, p: Problem) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
-    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation),
-                TARGETS=p.targets, num_warps=4)
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, CFG=cfg, SCORE=score_fn(p.activation))
+
+
+def kernel_args(p: Problem, descs, grads: tuple, lse, delta, sched) -> tuple:
+    """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors): grads = (dk, dv, dq)
+    tensors (where no dQ is stored, any [rows, heads, D] tensor stands in)."""
+    return (*descs, tuple(rows(g) for g in grads), (lse, delta, lse.stride(0)), (p.q_offsets, p.kv_offsets),
+            sched.kernel_args(), score_args(p), p.mask_args())
 
 
 def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None):
     """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and dQ by cfg.dq: DqRoute.REDUCE, added into dq
     (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode one slab of Lq rows per CTA (num_sms
     of them); DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile."""
+    check_posted(cfg, p)
     q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
     spec = key_tile_schedule(p, cfg, sms)
-    sched = CACHE.get(p.kv_offsets, p.q_offsets, spec, dout.shape[0], p.num_targets)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, dout.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
     dq_out = dq if cfg.dq == DqRoute.DIRECT else dk  # (dk stands in, unused)
-    hopper_dkdv_kernel[(sms, )](
-        *descriptors(q, dout, k, v, cfg, dq), dk, dv, dq_out, lse, delta, p.q_offsets, p.kv_offsets, sched.tiles,
-        sched.order, sched.sm_start, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_out.stride(0),
-        dq_out.stride(1), lse.stride(0), sched.tiles.shape[1], k.shape[1], *backward_scales(p), *p.mask_args(),
-        **constexprs(cfg, p))
+    hopper_dkdv_kernel[(sms, )](*kernel_args(p, descriptors(q, dout, k, v, cfg, dq), (dk, dv, dq_out), lse, delta,
+                                             sched), **constexprs(cfg, p), num_warps=4)

@@ -1,4 +1,4 @@
-"""One (Q, dO) block of a dK/dV consumer warpgroup (jfa.hopper.bwd): the block's MMAs, its score step (jfa.variants),
+"""One (Q, dO) block of a dK/dV consumer warpgroup (jfa.hopper.bwd): the block's MMAs, its score policy (jfa.variants),
 its mask (jfa.geometry) and, in the one pass, its dQ (jfa.hopper.dq_reduce); and the aggregates a consumer is
 written with.
 
@@ -14,58 +14,53 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from .. import variants
 from ..geometry import visible
-from ..variants import SOFTMAX, activation_with_grad, softmax_dscores, softmax_weights
 from .buffers import ItemOperands, Ring, RowStats
-from .common import WG_ROWS, Batch, Shape, aggregate, mma_layout, store_rows
+from .common import WG_ROWS, Batch, Rows, Shape, aggregate, mma_layout, store_rows
 from .dq_reduce import DQ_COLS, DqStage, dq_chunk
-
-LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @aggregate
 class DkdvGrads:
-    """What the consumers read per row (LSE, Delta) and write per item (dK, dV) and, with DqRoute.DIRECT, per
-    block (dQ), with the scales."""
-    DK: gl.tensor
-    DV: gl.tensor
-    DQ: gl.tensor
+    """What the consumers read per row (LSE, Delta: where the score has them) and write per item (dK, dV) and, with
+    DqRoute.DIRECT, per block (dQ), with the score group (jfa.variants.score_args: score[0] the scores' scale,
+    score[2] dK's and dQ's factor)."""
+    dk: Rows
+    dv: Rows
+    dq: Rows
     LSE: gl.tensor
     DELTA: gl.tensor
-    stride_dkt: gl.tensor
-    stride_dkh: gl.tensor
-    stride_dvt: gl.tensor
-    stride_dvh: gl.tensor
-    stride_dqt: gl.tensor
-    stride_dqh: gl.tensor
     stride_lh: gl.tensor
-    scale: gl.tensor
-    qk_scale: gl.tensor
+    score: gl.tuple
 
     @constexpr_function
-    def __init__(self, DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-                 stride_lh, scale, qk_scale):
-        self.DK = DK
-        self.DV = DV
-        self.DQ = DQ
+    def __init__(self, dk, dv, dq, LSE, DELTA, stride_lh, score):
+        self.dk = dk
+        self.dv = dv
+        self.dq = dq
         self.LSE = LSE
         self.DELTA = DELTA
-        self.stride_dkt = stride_dkt
-        self.stride_dkh = stride_dkh
-        self.stride_dvt = stride_dvt
-        self.stride_dvh = stride_dvh
-        self.stride_dqt = stride_dqt
-        self.stride_dqh = stride_dqh
         self.stride_lh = stride_lh
-        self.scale = scale
-        self.qk_scale = qk_scale
+        self.score = score
 
     @gluon.jit
-    def create(DK, DV, DQ, LSE, DELTA, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-               stride_lh, scale, qk_scale):
-        return DkdvGrads(DK, DV, DQ, LSE, DELTA, gl.to_tensor(stride_dkt), gl.to_tensor(stride_dkh),
-                         gl.to_tensor(stride_dvt), gl.to_tensor(stride_dvh), gl.to_tensor(stride_dqt),
-                         gl.to_tensor(stride_dqh), gl.to_tensor(stride_lh), scale, qk_scale)
+    def create(grads, stats, score):
+        """From the launcher's grads = (dK, dV, dQ) as (pointer, row stride, head stride) each and stats = (LSE,
+        Delta, their head stride)."""
+        return DkdvGrads(Rows.create(grads[0]), Rows.create(grads[1]), Rows.create(grads[2]), stats[0], stats[1],
+                         gl.to_tensor(stats[2]), score)
+
+    @gluon.jit
+    def lse2(self, head, q_start, offs_m, in_q):
+        """Rows q_start + offs_m of head's LSE times log2(e), broadcast along the keys (tiles are held keys first)."""
+        x = gl.load(self.LSE + head * self.stride_lh + q_start + offs_m, mask=in_q, other=0.0)
+        return gl.expand_dims(x * variants.LOG2E, 0)
+
+    @gluon.jit
+    def delta(self, head, q_start, offs_m, in_q):
+        """The same rows of head's Delta."""
+        return gl.expand_dims(gl.load(self.DELTA + head * self.stride_lh + q_start + offs_m, mask=in_q, other=0.0), 0)
 
 
 @aggregate
@@ -116,7 +111,7 @@ def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
     bounds at D=64 with two sets (compute-sanitizer; per block: 0 errors)."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     SERIAL: gl.constexpr = c.shape.SERIAL
-    ACT: gl.constexpr = c.shape.ACT
+    SCORE: gl.constexpr = c.shape.SCORE
     grads = c.grads
     k_buf = c.kv_ops.a_block(blk.t, c.WG)
     v_buf = c.kv_ops.b_block(blk.t, c.WG)
@@ -133,41 +128,35 @@ def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
         dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
     in_q = offs_m < tile.q_len
-    delta = None  # softmax's Delta (loaded below), or an activation's f' of the block
-    if ACT == SOFTMAX:
-        rows = grads.LSE + blk.head * grads.stride_lh + tile.q_start + offs_m
-        lse2 = gl.load(rows, mask=in_q, other=0.0) * LOG2E
+    lse2 = None  # the rows' statistics, where the score has them (loaded early: their latency hides behind S^T)
+    delta = None
+    if variants.has_lse(SCORE):
+        lse2 = grads.lse2(blk.head, tile.q_start, offs_m, in_q)
     if not SERIAL:
-        if ACT == SOFTMAX:
-            delta = gl.load(grads.DELTA + blk.head * grads.stride_lh + tile.q_start + offs_m, mask=in_q, other=0.0)
+        if variants.has_lse(SCORE):
+            delta = grads.delta(blk.head, tile.q_start, offs_m, in_q)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
     else:
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
-    if ACT == SOFTMAX:
-        pt = softmax_weights(st, grads.qk_scale, gl.expand_dims(lse2, 0))
-    else:  # f and f' at once (f' kept in place of Delta for dS^T)
-        pt, delta = activation_with_grad(st * grads.qk_scale, ACT, True)
+    pt, gt = variants.bwd_weights(st, lse2, grads.score, SCORE)
     if MASKED:  # keys past the sequence's end only feed dK/dV rows that are never stored: not tested
-        vis = gl.expand_dims(in_q, 0) & visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq(),
-                                                c.batch.rule(), QUERIES=False, KEYS=False, KEY_MAJOR=True)
-        pt = gl.where(vis, pt, 0.0)
-        if ACT != SOFTMAX:
-            delta = gl.where(vis, delta, 0.0)
+        vis = gl.expand_dims(in_q, 0) & visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq,
+                                                c.batch.rule, QUERIES=False, KEYS=False, KEY_MAJOR=True)
+        pt, gt = variants.mask_grads(pt, gt, vis, SCORE)
     if SERIAL:
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
         dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        if ACT == SOFTMAX:
-            delta = gl.load(grads.DELTA + blk.head * grads.stride_lh + tile.q_start + offs_m, mask=in_q, other=0.0)
+        if variants.has_lse(SCORE):
+            delta = grads.delta(blk.head, tile.q_start, offs_m, in_q)
         done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
         dv = done[0]
-        dst = _dscores(pt, done[1], delta, ACT)
-        dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dst_op = gl.convert_layout(variants.dscores(pt, done[1], gt, delta, SCORE).to(dtype), op_layout)
         dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
         dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dst_op))[0]
     else:
         dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
-        dst = _dscores(pt, dpt, delta, ACT)
+        dst = variants.dscores(pt, dpt, gt, delta, SCORE)
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dst_op = gl.convert_layout(dst.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
@@ -177,16 +166,6 @@ def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
         dk = done[1]
     c.qdo.release(blk.it)
     return dk, dv
-
-
-@gluon.jit
-def _dscores(pt, dpt, aux, ACT: gl.constexpr):
-    """dS^T of a block (keys as rows): from P^T and the rows' Delta (softmax), or the block's f' (an activation,
-    zero at the masked pairs)."""
-    if ACT == SOFTMAX:
-        return softmax_dscores(pt, dpt, gl.expand_dims(aux, 0))
-    else:
-        return aux * dpt
 
 
 @aggregate
@@ -208,9 +187,8 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     dK's MMAs), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end (they would reach
     dQ)."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
-    ACT: gl.constexpr = c.shape.ACT
+    SCORE: gl.constexpr = c.shape.SCORE
     WG: gl.constexpr = c.WG
-    grads = c.grads
     stage = d.stage
     it = blk.it
     dtype: gl.constexpr = c.kv_ops.a.dtype
@@ -221,20 +199,18 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
     q_buf, do_buf = c.qdo.wait(it)
     st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    if ACT == SOFTMAX:
+    lse2 = None  # the rows' statistics where the score has them, from shared memory (RowStats)
+    delta = None
+    if variants.has_lse(SCORE):
         lse2, delta = d.stats.read(it, q_cols)
+        lse2 = gl.expand_dims(lse2, 0)
+        delta = gl.expand_dims(delta, 0)
     st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
-    if ACT == SOFTMAX:
-        pt = softmax_weights(st, grads.qk_scale, gl.expand_dims(lse2, 0))
-    else:  # f and f' at once (f' kept in place of Delta for dS^T)
-        pt, delta = activation_with_grad(st * grads.qk_scale, ACT, True)
+    pt, gt = variants.bwd_weights(st, lse2, c.grads.score, SCORE)
     if MASKED:
         offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
-        vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq(), c.batch.rule(),
-                      KEY_MAJOR=True)
-        pt = gl.where(vis, pt, 0.0)
-        if ACT != SOFTMAX:
-            delta = gl.where(vis, delta, 0.0)
+        vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq, c.batch.rule, KEY_MAJOR=True)
+        pt, gt = variants.mask_grads(pt, gt, vis, SCORE)
     ds_buf = stage.ds_buffer(it, WG)
     stage.claim_ds(it)
     ds_buf.store(pt.to(dtype))
@@ -243,7 +219,7 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
     dv = done[0]
-    ds_buf.store(_dscores(pt, done[1], delta, ACT).to(dtype))
+    ds_buf.store(variants.dscores(pt, done[1], gt, delta, SCORE).to(dtype))
     fence_async_shared()
     stage.publish_ds(it)
     dk = _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT)
@@ -270,19 +246,19 @@ def _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT: gl.conste
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, C, c.kv_ops, stage, BLOCK_M), ))
             if BLOCK_M < WG_ROWS:  # computed transposed (dq_chunk)
                 dq = gl.permute(dq, (1, 0))
-            store_rows(grads.DQ + blk.head * grads.stride_dqh + C * DQ_COLS, grads.stride_dqt,
-                       (dq * grads.scale).to(dtype), blk.m0, tile.q_start, tile.q_len)
+            store_rows(grads.dq.head(blk.head) + C * DQ_COLS, grads.dq.stride_t, (dq * grads.score[2]).to(dtype),
+                       blk.m0, tile.q_start, tile.q_len)
         stage.free_ds(it)
     elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
         dq = dq_chunk(it, blk.t, WG, c.kv_ops, stage, BLOCK_M)
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
         stage.free_ds(it)
-        stage.put(WG, it, dq * grads.scale, BLOCK_M < WG_ROWS)
+        stage.put(WG, it, dq * grads.score[2], BLOCK_M < WG_ROWS)
     else:  # one chunk: the consumers take the blocks in turn
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         if it % 2 == WG:
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, 0, c.kv_ops, stage, BLOCK_M), ))
-            stage.put(WG, it // 2, dq * grads.scale, BLOCK_M < WG_ROWS)
+            stage.put(WG, it // 2, dq * grads.score[2], BLOCK_M < WG_ROWS)
         stage.free_ds(it)
     return dk

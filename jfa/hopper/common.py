@@ -1,8 +1,9 @@
 """What the Hopper kernels share besides their buffers and work items: TMA descriptors over packed jagged tensors,
 16-byte row stores, and the aggregates of a kernel's shape and batch.
 
-  Shape          a kernel's compile-time shape: GQA group, tile rows, consumers, modes
+  Shape          a kernel's compile-time shape: GQA group, tile rows, consumers, modes, score function
   Batch          the jagged batch as the kernels see it: both offsets tensors and the mask's rule (jfa.geometry)
+  Rows           a [rows, heads, D] tensor by pointer and strides (O; dK, dV, dQ)
 
 jfa.hopper.items has the work items (WorkList, Item), jfa.hopper.buffers the shared-memory buffers with their
 barriers (Ring, RowStats, ItemOperands) and the protocol they keep.
@@ -18,6 +19,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate  # Gluon 3.6's aggregate (no public name yet)
+
+from ..geometry import Rule, mask_rule
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 WG_ROWS = gl.constexpr(64)  # rows of a consumer warpgroup's tile (one wgmma m64 instruction tall)
@@ -84,51 +87,62 @@ class Shape:
     CONSUMERS: gl.constexpr  # consumer warpgroups
     SERIAL: gl.constexpr  # dK/dV: the MMAs one after another
     BROADCAST: gl.constexpr  # one dense q for every sequence
-    ACT: gl.constexpr  # the score function (jfa.variants: SOFTMAX, or an activation)
+    SCORE: gl.constexpr  # the score function (jfa.variants.score_fn)
 
     @constexpr_function
-    def __init__(self, GROUP, BLOCK_M, BLOCK_N, CONSUMERS, SERIAL, BROADCAST, ACT):
+    def __init__(self, GROUP, BLOCK_M, BLOCK_N, CONSUMERS, SERIAL, BROADCAST, SCORE):
         self.GROUP = gl.constexpr(GROUP)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.CONSUMERS = gl.constexpr(CONSUMERS)
         self.SERIAL = gl.constexpr(SERIAL)
         self.BROADCAST = gl.constexpr(BROADCAST)
-        self.ACT = gl.constexpr(ACT)
+        self.SCORE = gl.constexpr(SCORE)
 
 
 @aggregate
 class Batch:
-    """Both offsets tensors and the mask's parameters: the window, and with TARGETS HSTU's mask's (the sequences'
-    target counts, the contextual prefix; jfa.jagged.target_mask)."""
+    """Both offsets tensors and the mask's rule (jfa.geometry.Rule, made once per kernel from the mask group)."""
     q_offsets: gl.tensor
     kv_offsets: gl.tensor
-    LEFT: gl.tensor
-    RIGHT: gl.tensor
-    num_targets: gl.tensor
-    CONTEXT: gl.tensor
-    TARGETS: gl.constexpr
+    rule: Rule
 
     @constexpr_function
-    def __init__(self, q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS):
+    def __init__(self, q_offsets, kv_offsets, rule):
         self.q_offsets = q_offsets
         self.kv_offsets = kv_offsets
-        self.LEFT = LEFT
-        self.RIGHT = RIGHT
-        self.num_targets = num_targets
-        self.CONTEXT = CONTEXT
-        self.TARGETS = gl.constexpr(TARGETS)
+        self.rule = rule
 
     @gluon.jit
-    def create(q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS: gl.constexpr):
-        # to_tensor: an int argument equal to 1 arrives as a constexpr (Triton's specialization)
-        return Batch(q_offsets, kv_offsets, gl.to_tensor(LEFT), gl.to_tensor(RIGHT), num_targets,
-                     gl.to_tensor(CONTEXT), TARGETS)
+    def create(offsets, mask):
+        """From the kernels' offsets = (q_offsets, kv_offsets) and mask group (jfa.problem.Problem.mask_args)."""
+        return Batch(offsets[0], offsets[1], mask_rule(mask))
+
+
+@aggregate
+class Rows:
+    """A [rows, heads, D] tensor a kernel writes or reads by pointer: (pointer, row stride, head stride)."""
+    ptr: gl.tensor
+    stride_t: gl.tensor
+    stride_h: gl.tensor
+
+    @constexpr_function
+    def __init__(self, ptr, stride_t, stride_h):
+        self.ptr = ptr
+        self.stride_t = stride_t
+        self.stride_h = stride_h
 
     @gluon.jit
-    def rule(self):
-        """The mask's parameters as jfa.geometry takes them."""
-        if self.TARGETS:
-            return (self.LEFT, self.RIGHT, self.CONTEXT, True)
-        else:
-            return (self.LEFT, self.RIGHT)
+    def create(x):
+        """From the launcher's (pointer, row stride, head stride) (to_tensor: a stride of 1 arrives as a constexpr)."""
+        return Rows(x[0], gl.to_tensor(x[1]), gl.to_tensor(x[2]))
+
+    @gluon.jit
+    def head(self, h):
+        """Head h's row 0."""
+        return self.ptr + h * self.stride_h
+
+
+def rows(x):
+    """A [rows, heads, D] tensor as the kernels take it (Rows.create): (pointer, row stride, head stride)."""
+    return (x, x.stride(0), x.stride(1))

@@ -1,8 +1,8 @@
 """The Hopper kernels' configurations: one frozen dataclass per kernel, chosen by shape (``select_fwd``,
 ``select_bwd``), or handed in whole (``jfa.hopper.forward(p, cfg)``, ``backward(..., plan)``: the tests run every
-form that way). Each dataclass maps itself to its kernel's compile-time arguments (``constexprs``), the one
-mapping the launchers and jfa.hopper.aot share. Each choice cites the H200 measurement behind it (ms, main /
-this, one call); docs/perf-notes.md has the runs and what lost.
+form that way). A kernel takes its config whole, as one constexpr (CFG: a frozen dataclass is hashable and prints
+the same every time, which is what Triton's compile cache keys on). Each choice cites the H200 measurement behind
+it (ms, main / this, one call); docs/perf-notes.md has the runs and what lost.
 """
 from __future__ import annotations
 
@@ -62,10 +62,6 @@ class FwdConfig:
         """One CTA of two consumers per SM, or two of one consumer each."""
         return 3 - self.consumers
 
-    def constexprs(self) -> dict:
-        return dict(BLOCK_N=self.block_n, STAGES=self.stages, CONSUMERS=self.consumers,
-                    COALESCED=self.coalesced_store, POSTED=self.posted_items)
-
     def launch_options(self) -> dict:
         """Two CTAs per SM need each to launch with at most half the register file (256 threads x 128)."""
         return {"maxnreg": 128} if self.ctas_per_sm == 2 else {}
@@ -102,10 +98,10 @@ class DkdvConfig:
         """The kernel computes dQ (some or all of it): P^T and dS^T through shared memory, LSE and Delta too."""
         return self.dq != DqRoute.NONE
 
-    def constexprs(self) -> dict:
-        return dict(BLOCK_M=self.block_m, STAGES=self.stages, DQ_STAGES=self.dq_stages, SERIAL=self.serial,
-                    ONE_PASS=self.one_pass, DIRECT=self.dq == DqRoute.DIRECT, KV_SLOTS=self.kv_slots,
-                    POSTED=self.posted_items)
+    @property
+    def direct(self) -> bool:
+        """DqRoute.DIRECT: dQ of the sequences whose keys fit one item, stored by the consumers."""
+        return self.dq == DqRoute.DIRECT
 
 
 def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf")) -> DkdvConfig:
@@ -147,9 +143,6 @@ class DqConfig:
     stages: int = 3
     block_m: int = 2 * WG  # query rows per item: two consumers
 
-    def constexprs(self) -> dict:
-        return dict(BLOCK_N=self.block_n, STAGES=self.stages)
-
 
 def select_dq(head_dim: int) -> DqConfig:
     return DqConfig(block_n=128 if head_dim <= 64 else 64)
@@ -186,15 +179,22 @@ def fwd_config(p: Problem) -> FwdConfig:
     return dataclasses.replace(cfg, posted_items=False) if p.targets else cfg
 
 
+def check_posted(cfg, p: Problem):
+    """A config that posts its items (FwdConfig, DkdvConfig) runs a window's items only: a posted record holds no
+    target counts and no walk's prefix (fwd_config and select_bwd never post with HSTU's mask)."""
+    if cfg.posted_items and p.targets:
+        raise ValueError(f"{type(cfg).__name__}(posted_items=True) takes no num_targets (HSTU's mask)")
+
+
 def query_tile_schedule(p: Problem, rows: int, block_m: int, ctas: int) -> ScheduleSpec:
     """The forward's and the dQ pass's items: query tiles of block_m rows x heads, costed in key blocks of
     SCHEDULE_BLOCK_N whatever the kernel's block (the cost only balances the CTAs), so at D=128 the dQ pass
     runs on the forward's schedule: one build per batch for both."""
-    return ScheduleSpec(rows, p.heads, block_m, SCHEDULE_BLOCK_N, p.left, p.right, ctas, p.targets, p.contextual_len)
+    return ScheduleSpec(rows, p.heads, block_m, SCHEDULE_BLOCK_N, ctas, p.mask_scalars(), p.targets)
 
 
 def key_tile_schedule(p: Problem, cfg: DkdvConfig, ctas: int) -> ScheduleSpec:
-    """The dK/dV pass's items: key tiles x kv heads, costed by the query blocks that see them (the schedule of
-    the transposed problem: sides swapped, window mirrored; jfa.geometry)."""
-    return ScheduleSpec(p.k.shape[0], p.heads_kv, cfg.block_n, cfg.block_m, p.right, p.left, ctas, p.targets,
-                        p.contextual_len, key_tiles=p.targets)
+    """The dK/dV pass's items: key tiles x kv heads, costed by the query blocks that see them (jfa.geometry's walk
+    of key tiles)."""
+    return ScheduleSpec(p.k.shape[0], p.heads_kv, cfg.block_n, cfg.block_m, ctas, p.mask_scalars(), p.targets,
+                        key_tiles=True)

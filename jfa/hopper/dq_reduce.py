@@ -186,9 +186,8 @@ def dq_writer_partition(shape, work, batch, dq_desc, stage):
         if tile.valid:
             for g in range(shape.GROUP):
                 col = (tile.head * shape.GROUP + g) * HEAD_DIM
-                if batch.TARGETS:  # HSTU's mask: the context rows first, as the producer
-                    for m0 in range(0, tile.pre, shape.BLOCK_M):
+                for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part), as the producer's
+                    lo, hi = tile.part(part)
+                    for m0 in range(lo, hi, shape.BLOCK_M):
                         it, prev = _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage)
-                for m0 in range(tile.lo, tile.hi, shape.BLOCK_M):  # the item's walk, as the producer's
-                    it, prev = _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage)
     tma.store_wait(0)

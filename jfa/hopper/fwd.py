@@ -1,6 +1,6 @@
 """The Hopper forward: a persistent, warp-specialized Gluon kernel over a load-balanced jfa.schedule.
 
-Glossary as jfa/geometry.py; the score step as jfa/variants.py; aggregates and the barrier protocol as
+Glossary as jfa/geometry.py; the score policy as jfa/variants.py; aggregates and the barrier protocol as
 jfa/hopper/items.py and buffers.py. Each CTA loops over its items (query tile, head); its partitions share shared
 memory and talk through mbarriers:
 
@@ -24,47 +24,41 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
+from .. import variants
+from ..bwd_common import scaled_rows
 from ..geometry import key_blocks, visible
 from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
-from ..bwd_common import scaled_rows
-from ..variants import SOFTMAX, act_code, activation, online_softmax, score_scale, softmax_lse
+from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring
-from .common import WG_ROWS, Batch, Shape, aggregate, aligned, mma_layout, store_rows, tma_descriptor
-from .config import FwdConfig, fwd_config, query_tile_schedule
+from .common import WG_ROWS, Batch, Rows, Shape, aggregate, aligned, mma_layout, rows, store_rows, tma_descriptor
+from .config import FwdConfig, check_posted, fwd_config, query_tile_schedule
 from .items import WorkList
 
 
 @aggregate
 class FwdOutput:
-    """Where O and LSE go, the scores' and the rows' scales (qk_scale: jfa.variants.score_scale; out_scale: an
-    activation's), and how O is stored: COALESCED, in 16-byte pieces through a shared-memory layout conversion
-    (store_rows), else straight from the wgmma layout (jfa.hopper.config.FwdConfig.coalesced_store)."""
-    O: gl.tensor
+    """Where O and LSE go (LSE: where the score has one), the score group (jfa.variants.score_args), and how O is
+    stored: COALESCED, in 16-byte pieces through a shared-memory layout conversion (store_rows), else straight from
+    the wgmma layout (jfa.hopper.config.FwdConfig.coalesced_store)."""
+    o: Rows
     LSE: gl.tensor
-    stride_ot: gl.tensor
-    stride_oh: gl.tensor
     stride_lh: gl.tensor
-    qk_scale: gl.tensor
-    out_scale: gl.tensor
+    score: gl.tuple
     COALESCED: gl.constexpr
 
     @constexpr_function
-    def __init__(self, O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, COALESCED):
-        self.O = O
+    def __init__(self, o, LSE, stride_lh, score, COALESCED):
+        self.o = o
         self.LSE = LSE
-        self.stride_ot = stride_ot
-        self.stride_oh = stride_oh
         self.stride_lh = stride_lh
-        self.qk_scale = qk_scale
-        self.out_scale = out_scale
+        self.score = score
         self.COALESCED = gl.constexpr(COALESCED)
 
     @gluon.jit
-    def create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, COALESCED: gl.constexpr):
-        return FwdOutput(O, LSE, gl.to_tensor(stride_ot), gl.to_tensor(stride_oh), gl.to_tensor(stride_lh),
-                         qk_scale, gl.to_tensor(out_scale), COALESCED)
+    def create(o, lse, score, COALESCED: gl.constexpr):
+        return FwdOutput(Rows.create(o), lse[0], gl.to_tensor(lse[1]), score, COALESCED)
 
 
 @gluon.jit
@@ -86,45 +80,38 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
                 else:  # no rows for consumer w: it reads no Q
                     q_ops.skip(t, w)
             col = (tile.head // shape.GROUP) * HEAD_DIM
-            for n0 in range(tile.lo, tile.hi, shape.BLOCK_N):
-                kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
-                it += 1
+            for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
+                lo, hi = tile.part(part)
+                for n0 in range(lo, hi, shape.BLOCK_N):
+                    kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
+                    it += 1
             t += 1
     if q_ops.POSTED:
         q_ops.close(t)  # the consumers' end mark
 
 
 @gluon.jit
-def _mask_scores(s, i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.constexpr):
-    """Scores of key block n0 with the keys a row may not see at -inf (rows past the sequence's end are
-    never stored, so only the keys are tested for existence)."""
+def _visible(i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.constexpr):
+    """Which pairs of rows i_row and key block n0 are visible (rows past the sequence's end are never stored, so
+    only the keys are tested for existence)."""
     j = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
-    return gl.where(visible(i_row, j, tile.seq(), batch.rule(), QUERIES=False), s, float("-inf"))
+    return visible(i_row, j, tile.seq, batch.rule, QUERIES=False)
 
 
 @gluon.jit
-def _weights(s, m_i, l_i, n0, edges, tile, batch, qk_scale, s_cols: gl.constexpr, FIRST: gl.constexpr,
-             ACT: gl.constexpr):
-    """Block n0's scores s -> (its weights P, and for softmax the running row max, row sum and alpha, the rescale
-    of what was summed before); edges = (the rows, their mask-free blocks [full_lo, full_hi)): blocks outside
-    take the mask (jfa.geometry, jfa.variants)."""
+def _weights(s, state, n0, edges, tile, batch, score, s_cols: gl.constexpr, FIRST: gl.constexpr,
+             SCORE: gl.constexpr):
+    """Block n0's scores s -> (its weights P, the running state, alpha: jfa.variants.weights); edges = (the rows,
+    their mask-free blocks [full_lo, full_hi)): blocks outside take the mask (jfa.geometry)."""
     i_row, full_lo, full_hi = edges
     BLOCK_N: gl.constexpr = s.shape[1]
-    if ACT == SOFTMAX:
-        if (n0 < full_lo) | (n0 >= full_hi):
-            s = _mask_scores(s, i_row, n0, tile, batch, BLOCK_N, s_cols)
-        p, m_i, alpha = online_softmax(s, m_i, qk_scale)
-        if FIRST:
-            l_i = gl.sum(p, axis=1)
-        else:
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-    else:  # an activation: no max, no sum, no rescale (alpha unused)
-        p = activation(s * qk_scale, ACT, True)
-        alpha = m_i
-        if (n0 < full_lo) | (n0 >= full_hi):
-            j = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
-            p = gl.where(visible(i_row, j, tile.seq(), batch.rule(), QUERIES=False), p, 0.0)
-    return p, m_i, l_i, alpha
+    edge = (n0 < full_lo) | (n0 >= full_hi)
+    if edge:
+        s = variants.mask_scores(s, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
+    p, state, alpha = variants.weights(s, state, score, SCORE, FIRST)
+    if edge:
+        p = variants.mask_weights(p, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
+    return p, state, alpha
 
 
 @gluon.jit
@@ -156,23 +143,18 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
     block's count."""
     BLOCK_N: gl.constexpr = shape.BLOCK_N
     HEAD_DIM: gl.constexpr = q_ops.a.shape[2]
-    s_layout: gl.constexpr = mma_layout(BLOCK_N)
-    o_layout: gl.constexpr = mma_layout(HEAD_DIM)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
+    s_rows: gl.constexpr = gl.SliceLayout(1, mma_layout(BLOCK_N))
     row0 = tile.start + WG * WG_ROWS
     n_blocks = tile.n_blocks(BLOCK_N)
     # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
-    _, full_lo, full_hi, _ = key_blocks(row0, tile.seq(), batch.rule(), WG_ROWS, BLOCK_N)
+    _, full_lo, full_hi, _ = key_blocks(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
     edges = (gl.expand_dims(row0 + gl.arange(0, WG_ROWS, layout=s_rows), 1), full_lo, full_hi)
-    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)  # row max of raw scores
-    l_i = gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows)
-    acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=o_layout)
+    state = variants.row_state(gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows))
+    acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=mma_layout(HEAD_DIM))
     if not q_ops.POSTED:
         q_ops.wait(t, WG)
     if (row0 < tile.q_len) & (n_blocks > 0):
-        acc, m_i, l_i = _attend(WG, shape, batch, tile, t, it, n_blocks, edges, (acc, m_i, l_i), q_ops, kv, out)
+        acc, state = _attend(WG, shape, batch, tile, t, it, n_blocks, edges, (acc, state), q_ops, kv, out)
     else:  # rows past the sequence's end, or no keys: hand the buffers back
         q_ops.release(t)
         for jb in range(0, n_blocks):
@@ -180,30 +162,30 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
             kv.wait_a(it + jb)
             kv.release(it + jb)
     if row0 < tile.q_len:
-        _store(out, acc, m_i, l_i, row0, tile, o_rows, o_cols, s_rows, q_ops.a.dtype, shape.ACT)
+        _store(out, acc, state, row0, tile, s_rows, q_ops.a.dtype, shape.SCORE)
     return it + n_blocks
 
 
 @gluon.jit
-def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, state, q_ops, kv, out):
+def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry, q_ops, kv, out):
     """Consumer WG's rows of item t against its n_blocks K/V blocks from block it on (FlashAttention-3's overlap:
     S of block j is issued before P V of block j-1); edges: the rows (i_row) and their mask-free blocks [full_lo,
-    full_hi); state: (acc, m_i, l_i) -> the same after the item."""
+    full_hi); carry: (acc, the score's running state) -> the same after the item."""
     BLOCK_N: gl.constexpr = shape.BLOCK_N
+    SCORE: gl.constexpr = shape.SCORE
     dtype: gl.constexpr = q_ops.a.dtype
-    acc, m_i, l_i = state
+    acc, state = carry
     s_layout: gl.constexpr = mma_layout(BLOCK_N)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
     q_buf = q_ops.a.index(WG)
-    qk_scale = out.qk_scale
     lo = tile.lo
     # prologue: S of the first block and its weights
     s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    p, m_i, l_i, alpha = _weights(s, m_i, l_i, lo, edges, tile, batch, qk_scale, s_cols, True, shape.ACT)
+    p, state, alpha = _weights(s, state, lo, edges, tile, batch, out.score, s_cols, True, SCORE)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     for jb in range(1, n_blocks):
         n0 = lo + jb * BLOCK_N
@@ -212,57 +194,58 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, state,
         s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
-        p, m_i, l_i, alpha = _weights(s, m_i, l_i, n0, edges, tile, batch, qk_scale, s_cols, False, shape.ACT)
+        p, state, alpha = _weights(s, state, n0, edges, tile, batch, out.score, s_cols, False, SCORE)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
         kv.release(it + jb - 1)
-        if shape.ACT == SOFTMAX:
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)  # (an activation's alpha is 1: folds away)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
     q_ops.release(t)  # last S issued and done: the producer may load the next Q
     last = it + n_blocks - 1
     acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
     kv.release(last)
-    return acc, m_i, l_i
+    return acc, state
 
 
 @gluon.jit
-def _store(out, acc, m_i, l_i, row0, tile, o_rows: gl.constexpr, o_cols: gl.constexpr, s_rows: gl.constexpr,
-           dtype: gl.constexpr, ACT: gl.constexpr):
-    """O = acc / l and the natural-log LSE of this warpgroup's rows; a row that saw no key: O = 0, LSE -inf. With
-    an activation O = out_scale acc, and no LSE."""
+def _store(out, acc, state, row0, tile, s_rows: gl.constexpr, dtype: gl.constexpr, SCORE: gl.constexpr):
+    """This warpgroup's rows of O (acc times the score's row factor: 1 / the row sum, 0 for a row that saw no key;
+    an activation's out scale) and, where the score has one, their natural-log LSE."""
     HEAD_DIM: gl.constexpr = acc.shape[1]
-    if ACT == SOFTMAX:
-        seen = l_i > 0.0
-        lse = softmax_lse(m_i, l_i, out.qk_scale)
-        inv = gl.convert_layout(1.0 / gl.where(seen, l_i, 1.0), o_rows)
-        o = (acc * gl.expand_dims(inv, 1)).to(dtype)
-    else:
-        o = (acc * out.out_scale).to(dtype)
-    base = out.O + tile.head * out.stride_oh
+    o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    o_cols: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
+    if variants.has_lse(SCORE):
+        lse = variants.lse(state, out.score)
+    factor = gl.convert_layout(variants.out_factor(state, out.score, SCORE), o_rows)
+    o = (acc * gl.expand_dims(factor, 1)).to(dtype)
+    base = out.o.head(tile.head)
     if out.COALESCED:
-        store_rows(base, out.stride_ot, o, row0, tile.q_start, tile.q_len)
+        store_rows(base, out.o.stride_t, o, row0, tile.q_start, tile.q_len)
     else:
         o_m = row0 + gl.arange(0, WG_ROWS, layout=o_rows)
         o_d = gl.arange(0, HEAD_DIM, layout=o_cols)
-        p_o = (base + tile.q_start.to(gl.int64) * out.stride_ot + gl.expand_dims(o_m, 1) * out.stride_ot
+        p_o = (base + tile.q_start.to(gl.int64) * out.o.stride_t + gl.expand_dims(o_m, 1) * out.o.stride_t
                + gl.expand_dims(o_d, 0))
         gl.store(p_o, o, mask=gl.expand_dims(o_m < tile.q_len, 1))
-    if ACT == SOFTMAX:
+    if variants.has_lse(SCORE):
         offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
         gl.store(out.LSE + tile.head * out.stride_lh + tile.q_start + offs_m, lse, mask=offs_m < tile.q_len)
 
 
 @gluon.jit
-def hopper_fwd_kernel(q_desc, k_desc, v_desc, O, LSE, q_offsets, kv_offsets, tiles, order, sm_start, stride_ot,
-                      stride_oh, stride_lh, tile_capacity, heads, qk_scale, out_scale, LEFT, RIGHT, num_targets,
-                      CONTEXT, GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CONSUMERS: gl.constexpr, BROADCAST: gl.constexpr, COALESCED: gl.constexpr, POSTED: gl.constexpr,
-                      ACT: gl.constexpr, TARGETS: gl.constexpr, num_warps: gl.constexpr):
-    shape = Shape(GROUP, CONSUMERS * WG_ROWS, BLOCK_N, CONSUMERS, False, BROADCAST, ACT)
-    work = WorkList.create(tiles, order, sm_start, tile_capacity, heads)
-    batch = Batch.create(q_offsets, kv_offsets, LEFT, RIGHT, num_targets, CONTEXT, TARGETS)
-    out = FwdOutput.create(O, LSE, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, COALESCED)
+def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mask, GROUP: gl.constexpr,
+                      BROADCAST: gl.constexpr, CFG: gl.constexpr, SCORE: gl.constexpr):
+    """o: O as (pointer, row stride, head stride); lse: (LSE, head stride); offsets: (q_offsets, kv_offsets);
+    sched: the schedule's (jfa.schedule.Schedule.kernel_args); score, mask: jfa.variants.score_args,
+    jfa.problem.Problem.mask_args; CFG: the FwdConfig; SCORE: jfa.variants.score_fn."""
+    CONSUMERS: gl.constexpr = CFG.consumers
+    STAGES: gl.constexpr = CFG.stages
+    POSTED: gl.constexpr = CFG.posted_items
+    COALESCED: gl.constexpr = CFG.coalesced_store
+    shape = Shape(GROUP, CONSUMERS * WG_ROWS, CFG.block_n, CONSUMERS, False, BROADCAST, SCORE)
+    work = WorkList.create(sched)
+    batch = Batch.create(offsets, mask)
+    out = FwdOutput.create(o, lse, score, COALESCED)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
@@ -285,14 +268,20 @@ def descriptors(q, k, v, cfg: FwdConfig):
 
 def constexprs(cfg: FwdConfig, p: Problem) -> dict:
     """The kernel's compile-time arguments for this config and problem (the launcher's and jfa.hopper.aot's)."""
-    return dict(GROUP=p.group, BROADCAST=p.broadcast, **cfg.constexprs(), ACT=act_code(p.activation),
-                TARGETS=p.targets, num_warps=4)
+    return dict(GROUP=p.group, BROADCAST=p.broadcast, CFG=cfg, SCORE=score_fn(p.activation))
+
+
+def kernel_args(p: Problem, descs, out, lse, sched) -> tuple:
+    """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors)."""
+    return (*descs, rows(out), (lse, lse.stride(0)), (p.q_offsets, p.kv_offsets), sched.kernel_args(),
+            score_args(p), p.mask_args())
 
 
 def forward(p: Problem, cfg: FwdConfig | None = None):
     """-> (out, lse) as jfa.triton.launch.forward; cfg: fwd_config(p)'s by default. Needs an sm_90 device,
     bf16/fp16, D in (64, 128)."""
     cfg = cfg or fwd_config(p)
+    check_posted(cfg, p)
     q, k, v = p.q, p.k, p.v
     out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.heads, p.lse_rows, dtype=torch.float32, device=q.device)
@@ -304,9 +293,6 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     spec = query_tile_schedule(p, p.rows, cfg.block_m, ctas)
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
     q, k, v = aligned(q, k, v)
-    hopper_fwd_kernel[(ctas, )](
-        *descriptors(q, k, v, cfg), out, lse, p.q_offsets, p.kv_offsets, sched.tiles, sched.order, sched.sm_start,
-        out.stride(0), out.stride(1), lse.stride(0), sched.tiles.shape[1], p.heads,
-        score_scale(p.scale, p.activation), p.out_scale, *p.mask_args(), **constexprs(cfg, p),
-        **cfg.launch_options())
+    hopper_fwd_kernel[(ctas, )](*kernel_args(p, descriptors(q, k, v, cfg), out, lse, sched), **constexprs(cfg, p),
+                                num_warps=4, **cfg.launch_options())
     return scaled_rows(out, p), lse  # (a per-row out scale: times the output afterwards)

@@ -8,15 +8,18 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 
-from ..geometry import block_count, key_range, query_prefix, query_range, sequence_bounds, sequence_rule
+from ..geometry import block_count, has_prefix, sequence, sequence_bounds, tile_walk
 from .common import aggregate
 
 
 @aggregate
 class Item:
-    """Rows [start, start + BLOCK) of one side of sequence seq (queries, or keys for the dK/dV pass), one head
-    (a query head, or a kv head), and [lo, hi): the rows of the other side it sees (jfa.geometry); with TARGETS
-    (HSTU's mask) the sequence's targets, and for a key tile the context rows [0, pre) it walks first."""
+    """Rows [start, start + BLOCK) of one side of a sequence (queries, or keys for the dK/dV pass), one head (a query
+    head, or a kv head), and the walk over the other side's rows it sees (jfa.geometry.tile_walk): with PREFIX (a key
+    tile's walk under HSTU's mask) the rows [0, pre) first, then [lo, hi). seq: the sequence as jfa.geometry takes it.
+
+    Every site walks it the same way: per part (part(p), for p in static_range(PARTS)) the rows range(lo, hi, BLOCK)
+    (the producer, the dQ writer), or by block index j < n_walk(BLOCK) from block_start(j) (the consumers)."""
     valid: gl.tensor
     head: gl.tensor
     start: gl.tensor
@@ -24,14 +27,15 @@ class Item:
     q_len: gl.tensor
     kv_start: gl.tensor
     kv_len: gl.tensor
+    seq: gl.tuple
+    pre: gl.tensor
     lo: gl.tensor
     hi: gl.tensor
-    n_targets: gl.tensor
-    pre: gl.tensor
-    TARGETS: gl.constexpr
+    PREFIX: gl.constexpr
+    PARTS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, valid, head, start, q_start, q_len, kv_start, kv_len, lo, hi, n_targets, pre, TARGETS):
+    def __init__(self, valid, head, start, q_start, q_len, kv_start, kv_len, seq, pre, lo, hi, PREFIX):
         self.valid = valid
         self.head = head
         self.start = start
@@ -39,35 +43,38 @@ class Item:
         self.q_len = q_len
         self.kv_start = kv_start
         self.kv_len = kv_len
+        self.seq = seq
+        self.pre = pre
         self.lo = lo
         self.hi = hi
-        self.n_targets = n_targets
-        self.pre = pre
-        self.TARGETS = gl.constexpr(TARGETS)
+        self.PREFIX = gl.constexpr(PREFIX)
+        self.PARTS = gl.constexpr(2 if PREFIX else 1)
 
     @gluon.jit
-    def seq(self):
-        """The sequence's lengths (and targets) as jfa.geometry takes them."""
-        if self.TARGETS:
-            return (self.q_len, self.kv_len, self.n_targets)
+    def part(self, p: gl.constexpr):
+        """Part p of the walk, (first row, end): the prefix [0, pre) then [lo, hi), or [lo, hi) alone."""
+        if self.PREFIX and p == 0:
+            return 0, self.pre
         else:
-            return (self.q_len, self.kv_len)
+            return self.lo, self.hi
 
     @gluon.jit
     def n_blocks(self, BLOCK: gl.constexpr):
-        """Blocks of the item's walk over [lo, hi) (the producer's loop over range(lo, hi, BLOCK) visits as many),
-        without a key tile's prefix (n_pre)."""
+        """Blocks of the walk over [lo, hi) (the producer's loop over range(lo, hi, BLOCK) visits as many)."""
         return block_count(self.lo, self.hi, BLOCK)
 
     @gluon.jit
     def n_pre(self, BLOCK: gl.constexpr):
-        """Blocks of a key tile's walk over the context rows [0, pre) before [lo, hi) (0 but with HSTU's mask)."""
-        return self.pre // BLOCK
+        """Blocks of the prefix [0, pre) (a multiple of BLOCK; none without PREFIX)."""
+        if self.PREFIX:
+            return self.pre // BLOCK
+        else:
+            return 0
 
     @gluon.jit
     def block_start(self, j, BLOCK: gl.constexpr):
-        """The first row of block j of the walk: the prefix's blocks, then [lo, hi)'s."""
-        if self.TARGETS:
+        """The first row of block j of the whole walk: the prefix's blocks, then [lo, hi)'s."""
+        if self.PREFIX:
             n_pre = self.pre // BLOCK
             return gl.where(j < n_pre, j * BLOCK, self.lo + (j - n_pre) * BLOCK)
         else:
@@ -92,8 +99,9 @@ class WorkList:
         self.heads = heads
 
     @gluon.jit
-    def create(tiles, order, sm_start, tile_capacity, heads):
-        return WorkList(tiles, order, sm_start, gl.to_tensor(tile_capacity), gl.to_tensor(heads))
+    def create(sched):
+        """From the launcher's jfa.schedule.Schedule.kernel_args (to_tensor: an int of 1 arrives as a constexpr)."""
+        return WorkList(sched[0], sched[1], sched[2], gl.to_tensor(sched[3]), gl.to_tensor(sched[4]))
 
     @gluon.jit
     def bounds(self):
@@ -120,15 +128,7 @@ class WorkList:
         seq = gl.maximum(gl.load(self.tiles + i_tile), 0)
         start = gl.load(self.tiles + self.tile_capacity + i_tile) * BLOCK
         q_start, kv_start, lens = sequence_bounds(batch.q_offsets, batch.kv_offsets, seq)
-        seq_t, rule = sequence_rule(seq, lens, batch.LEFT, batch.RIGHT, batch.num_targets, batch.CONTEXT,
-                                    batch.TARGETS)
-        pre = gl.to_tensor(0)
-        if KEY_TILES:
-            lo, hi = query_range(start, seq_t, rule, OTHER_BLOCK, BLOCK)
-            if batch.TARGETS:
-                pre = query_prefix(start, seq_t, rule, OTHER_BLOCK, BLOCK)
-        else:
-            lo, hi = key_range(start, seq_t, rule, BLOCK, OTHER_BLOCK)
-        n_targets = seq_t[2] if batch.TARGETS else gl.to_tensor(0)
-        return Item(item >= 0, gl.maximum(item, 0) % self.heads, start, q_start, lens[0], kv_start, lens[1], lo,
-                    hi, n_targets, pre, batch.TARGETS)
+        seq_t = sequence(seq, lens, batch.rule)
+        pre, lo, hi = tile_walk(start, seq_t, batch.rule, BLOCK, OTHER_BLOCK, KEY_TILES)
+        return Item(item >= 0, gl.maximum(item, 0) % self.heads, start, q_start, lens[0], kv_start, lens[1], seq_t,
+                    pre, lo, hi, has_prefix(batch.rule.KIND, KEY_TILES))

@@ -15,43 +15,44 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from ..bwd_common import attention_bwd_preprocess_kernel, block_d
-from ..ptxas import Report, meta_problem, report
-from . import kernels
-from .launch import constexprs, select_config
+from ..ptxas import Report, aot_signature, meta_problem, report
+from . import kernels, launch
+from .launch import select_config
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DEVICE = torch.device("cuda")  # configs for the GPU; nothing is allocated
 
 
-def _signature(fn, types: dict, constexprs: dict):
-    return {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in fn.arg_names}
-
-
 def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool = False,
-                   activation: str = "softmax") -> Report:
-    """Compile one kernel for sm_90 with the config the launcher would pick."""
+                   activation: str = "softmax", targets: bool = False) -> Report:
+    """Compile one kernel for sm_90 with the config the launcher would pick, its arguments the launcher's own on a
+    meta problem (jfa.ptxas.meta_problem; targets: with HSTU's mask)."""
     t, cfgs = _TL[dtype], select_config(_DEVICE, head_dim, dtype)
-    ptr = {"q_offsets": "*i32", "kv_offsets": "*i32", "tiles": "*i32", "LSE": "*fp32", "DELTA": "*fp32",
-           "DLSE": "*fp32", "qk_scale": "fp32", "scale": "fp32", "out_scale": "fp32", "NUM_TARGETS": "*i32"}
-    for x in ("Q", "K", "V", "O", "DO", "DK", "DV"):
-        ptr[x] = f"*{t}"
-    if name == "fwd":
-        fn, cfg = kernels.attention_fwd_kernel, cfgs.fwd
-    elif name == "dkdv":
-        fn, cfg = kernels.attention_bwd_dkdv_kernel, cfgs.dkdv
-    elif name == "dq":
-        fn, cfg = kernels.attention_bwd_dq_kernel, cfgs.dq
-        ptr["DQ"] = "*fp32" if broadcast else f"*{t}"
-    elif name == "preprocess":
+    if name == "preprocess":
         fn, cfg = attention_bwd_preprocess_kernel, None
-    else:
-        raise ValueError(name)
-    if cfg is None:
+        sig = {a: "*fp32" if a in ("DLSE", "DELTA") else f"*{t}" if a in ("O", "DO") else "i32" for a in fn.arg_names}
         consts, options = dict(D=head_dim, BLOCK_D=block_d(head_dim), BLOCK_T=64, HAS_DLSE=True), {}
+        sig.update({a: "constexpr" for a in consts})
     else:
-        consts = constexprs(cfg, meta_problem(head_dim, dtype, broadcast, activation=activation))
+        p = meta_problem(head_dim, dtype, broadcast, activation=activation, targets=targets)
+        x = p.q.new_empty(p.q.shape)
+        rows = p.q.new_empty(p.heads, p.rows, dtype=torch.float32)
+        tiles = p.q_offsets.new_empty(2, 4)
+        if name == "fwd":
+            fn, cfg, args = kernels.attention_fwd_kernel, cfgs.fwd, launch.fwd_args(p, x, rows, tiles)
+        elif name == "dkdv":
+            fn, cfg = kernels.attention_bwd_dkdv_kernel, cfgs.dkdv
+            args = launch.bwd_args(p, x, rows, rows, (x, x), tiles)
+        elif name == "dq":
+            fn, cfg = kernels.attention_bwd_dq_kernel, cfgs.dq
+            dq = x.float() if broadcast else x
+            args = launch.bwd_args(p, x, rows, rows, (dq, ), tiles)
+        else:
+            raise ValueError(name)
+        consts = launch.constexprs(cfg, p)
         options = dict(num_warps=consts.pop("num_warps"), num_stages=consts.pop("num_stages"))
-    src = ASTSource(fn=fn, signature=_signature(fn, ptr, consts), constexprs=consts)
+        sig, consts = aot_signature(fn, args, consts)
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(dict(num_warps=4, num_stages=2),
                                                                                **options))
     return report(name, head_dim, t, compiled.asm["ptx"])

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..bwd_common import backward_scales, block_d, delta, scaled_rows, sum_broadcast_dq
+from ..bwd_common import block_d, delta, scaled_rows, sum_broadcast_dq
 from ..jagged import tile_table
 from ..problem import Problem
 from ..runtime import check_runnable, interpreting
-from ..variants import act_code, score_scale
+from ..variants import score_args, score_fn
 from . import kernels
 
 
@@ -66,17 +66,48 @@ def dot_mode(dtype: torch.dtype) -> str:
     return "upcast" if dtype == torch.bfloat16 and interpreting() else "tf32"  # tf32: no-op for 16-bit
 
 
+@dataclass(frozen=True)
+class Form:
+    """The kernels' compile-time arguments besides the score function, as one constexpr (FORM): the tile config's,
+    the problem's and the machine's."""
+    block_m: int
+    block_n: int
+    head_dim: int
+    block_d: int  # the head dim padded to what tl.arange takes
+    group: int  # query heads per kv head
+    broadcast: bool
+    dot: str  # DOT in kernels/common.py
+    fast: bool  # jfa.variants' FAST: not in Triton's interpreter
+
+
 def constexprs(cfg: TileConfig, p: Problem) -> dict:
-    """The compile-time arguments of a kernel run with this config on this problem (the launchers' and
-    jfa.triton.aot's one mapping)."""
-    return dict(GROUP=p.group, D=p.head_dim, BLOCK_D=block_d(p.head_dim), DOT=dot_mode(p.q.dtype),
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BROADCAST=p.broadcast, ACT=act_code(p.activation),
-                FAST=not interpreting(), TARGETS=p.targets, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    """The compile-time arguments of a kernel run with this config on this problem, and its launch options (the
+    launchers' and jfa.triton.aot's one mapping)."""
+    form = Form(cfg.block_m, cfg.block_n, p.head_dim, block_d(p.head_dim), p.group, p.broadcast, dot_mode(p.q.dtype),
+                not interpreting())
+    return dict(FORM=form, SCORE=score_fn(p.activation), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def rows(x):
+    """A [rows, heads, D] tensor as the kernels take it: (pointer, row stride, head stride)."""
+    return (x, x.stride(0), x.stride(1))
+
+
+def fwd_args(p: Problem, out, lse, tiles) -> tuple:
+    """attention_fwd_kernel's run-time arguments (the launcher's, and jfa.triton.aot's on meta tensors)."""
+    return (rows(p.q), rows(p.k), rows(p.v), rows(out), (lse, lse.stride(0)), (p.q_offsets, p.kv_offsets),
+            (tiles, tiles.shape[1]), score_args(p), p.mask_args())
+
+
+def bwd_args(p: Problem, dout, lse, delta, grads: tuple, tiles) -> tuple:
+    """The backward kernels' run-time arguments: grads = (dk, dv) for the dK/dV pass, (dq, ) for the dQ pass."""
+    return (rows(p.q), rows(p.k), rows(p.v), rows(dout), (lse, delta, lse.stride(0)), *(rows(g) for g in grads),
+            (p.q_offsets, p.kv_offsets), (tiles, tiles.shape[1]), score_args(p), p.mask_args())
 
 
 def forward(p: Problem, configs: Configs | None = None):
     """-> (out [rows, Hq, D], lse [Hq, rows] float32); configs: select_config's by default."""
-    q, k, v = p.q, p.k, p.v
+    q = p.q
     out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.heads, p.lse_rows, dtype=torch.float32, device=q.device)
     if p.rows == 0 or p.batch == 0:
@@ -84,10 +115,7 @@ def forward(p: Problem, configs: Configs | None = None):
     check_runnable(q.device)
     cfg = (configs or select_config(q.device, p.head_dim, q.dtype)).fwd
     tiles = tile_table(p.q_offsets, cfg.block_m, p.rows)
-    kernels.attention_fwd_kernel[(tiles.shape[1], p.heads)](
-        q, k, v, out, lse, p.q_offsets, p.kv_offsets, tiles, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), tiles.shape[1],
-        score_scale(p.scale, p.activation), p.out_scale, *p.mask_args(), **constexprs(cfg, p))
+    kernels.attention_fwd_kernel[(tiles.shape[1], p.heads)](*fwd_args(p, out, lse, tiles), **constexprs(cfg, p))
     return scaled_rows(out, p), lse
 
 
@@ -125,21 +153,13 @@ class _Grads:
 
 def _bwd_dkdv(p: Problem, g: _Grads, dk, dv, cfg: TileConfig):
     """The dK/dV pass into dk, dv (one program per key tile and kv head; GQA reduced in registers)."""
-    q, k, v = p.q, p.k, p.v
-    tiles = tile_table(p.kv_offsets, cfg.block_n, k.shape[0])
-    kernels.attention_bwd_dkdv_kernel[(tiles.shape[1], k.shape[1])](
-        q, k, v, g.dout, g.lse, g.delta, dk, dv, p.q_offsets, p.kv_offsets, tiles,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.dout.stride(0), g.dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        g.lse.stride(0), tiles.shape[1], *backward_scales(p), *p.mask_args(), **constexprs(cfg, p))
+    tiles = tile_table(p.kv_offsets, cfg.block_n, p.k.shape[0])
+    kernels.attention_bwd_dkdv_kernel[(tiles.shape[1], p.heads_kv)](
+        *bwd_args(p, g.dout, g.lse, g.delta, (dk, dv), tiles), **constexprs(cfg, p))
 
 
 def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
     """The dQ pass into dq (per-sequence float32 partials in broadcast mode)."""
-    q, k, v = p.q, p.k, p.v
     tiles = tile_table(p.q_offsets, cfg.block_m, dq.shape[0])
-    kernels.attention_bwd_dq_kernel[(tiles.shape[1], q.shape[1])](
-        q, k, v, g.dout, g.lse, g.delta, dq, p.q_offsets, p.kv_offsets, tiles,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.dout.stride(0), g.dout.stride(1), dq.stride(0), dq.stride(1), g.lse.stride(0),
-        tiles.shape[1], *backward_scales(p), *p.mask_args(), **constexprs(cfg, p))
+    kernels.attention_bwd_dq_kernel[(tiles.shape[1], p.heads)](
+        *bwd_args(p, g.dout, g.lse, g.delta, (dq, ), tiles), **constexprs(cfg, p))

@@ -2,205 +2,182 @@
 
 1. Delta = rowsum(dO * O) - dLSE, float32 [Hq, rows] (jfa.bwd_common; dLSE is the gradient of the returned lse).
 2. dK/dV pass, program (i_tile, i_hk): one key tile of one kv head; it loops over the GROUP query heads that
-   read that kv head and over the query blocks that see the tile (jfa.geometry.query_blocks), so a GQA group is
-   reduced in registers. Computed transposed (S^T = K Q^T) so no tile needs a transpose.
+   read that kv head and over the query blocks that see the tile (jfa.geometry: query_prefix's, then
+   query_blocks'), so a GQA group is reduced in registers. Computed transposed (S^T = K Q^T) so no tile needs a
+   transpose.
 3. dQ pass, program (i_tile, i_h): one query tile, over the key blocks it sees (jfa.geometry.key_blocks).
    In broadcast mode it writes per-sequence float32 partials that the launcher sums over the batch.
 
 With S = scale * Q K^T, P = exp(S - lse): dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta),
-dK = scale * dS^T Q, dQ = scale * dS K. The kernels work in base 2: qk_scale = scale * log2(e). With an activation
-f (ACT, jfa.variants) in softmax's place: qk_scale = scale, P = f(S), dS = f'(S) dP, no LSE, no Delta; a constant out
-scale c arrives folded into the factors dK and dQ take (scale = scale * c) and dV's is scale / qk_scale.
+dK = scale * dS^T Q, dQ = scale * dS K, in base 2 (qk_scale = scale * log2(e)); with an activation f in softmax's
+place, P = f(S), dS = f'(S) dP, no LSE, no Delta: jfa.variants' score policy (SCORE) says which, and its
+grad_scale and dv_factor carry the out scale. Arguments as jfa.triton.kernels.fwd's; rows = (LSE, DELTA, head
+stride), read where the score has them (variants.has_lse).
 """
 import triton
 import triton.language as tl
 
-from ...geometry import key_blocks, query_blocks, query_prefix, sequence_bounds, sequence_rule, visible
-from ...variants import SOFTMAX, activation_grad, activation_with_grad, softmax_dscores, softmax_weights
+from ... import variants
+from ...geometry import key_blocks, mask_rule, query_blocks, query_prefix, sequence, sequence_bounds, visible
 from .common import mma
-
-LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSE, DELTA, offs_n, start, end, seq, rule, qk_scale,
-                 BLOCK_M: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-                 FAST: tl.constexpr):
-    """Query blocks [start, end) of one head: p_qt / p_do are block pointers at query 0 (advanced here);
-    LSE / DELTA point at the head's row 0 of this sequence."""
-    p_qt = tl.advance(p_qt, (0, start))
-    p_do = tl.advance(p_do, (start, 0))
-    for m0 in range(start, end, BLOCK_M):
-        o_m = m0 + tl.arange(0, BLOCK_M)
+def _row_stats(rows, offs, in_rows):
+    """(log2(e) LSE, Delta) of rows offs of rows = (LSE, DELTA) (where the score has them: variants.has_lse). A row
+    that saw no key has LSE -inf: +inf, so its P is 0. (Callers start from None for a score without them: a Triton
+    function cannot return None.)"""
+    b_lse = tl.load(rows[0] + offs, mask=in_rows, other=0.0) * variants.LOG2E
+    b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+    return b_lse, tl.load(rows[1] + offs, mask=in_rows, other=0.0)
+
+
+@triton.jit
+def _dkdv_blocks(dk, dv, b_k, b_v, qdo, rows, offs_n, start, end, seq, rule, score, FORM: tl.constexpr,
+                 MASKED: tl.constexpr, SCORE: tl.constexpr):
+    """Query blocks [start, end) of one head into (dk, dv): qdo = (Q^T, dO) block pointers at query 0 (advanced
+    here); rows = (LSE, DELTA) at the head's row 0 of this sequence."""
+    FAST: tl.constexpr = FORM.fast
+    p_qt = tl.advance(qdo[0], (0, start))
+    p_do = tl.advance(qdo[1], (start, 0))
+    for m0 in range(start, end, FORM.block_m):
+        o_m = m0 + tl.arange(0, FORM.block_m)
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_D, BLOCK_M]
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_M, BLOCK_D]
-        if ACT == SOFTMAX:
-            b_lse = tl.load(LSE + o_m, mask=o_m < seq[0], other=0.0) * LOG2E
-            b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)  # a row that sees nothing: P = 0
-            b_delta = tl.load(DELTA + o_m, mask=o_m < seq[0], other=0.0)
-            b_pt = softmax_weights(mma(b_k, b_qt, DOT), qk_scale, b_lse[None, :])  # [BLOCK_N, BLOCK_M]
-            if MASKED:
-                b_pt = tl.where(visible(o_m[None, :], offs_n[:, None], seq, rule), b_pt, 0.0)
-            dv += mma(b_pt.to(b_do.dtype), b_do, DOT)
-            b_dpt = mma(b_v, tl.trans(b_do), DOT)  # [BLOCK_N, BLOCK_M]
-            b_dst = softmax_dscores(b_pt, b_dpt, b_delta[None, :])
-        else:
-            b_pt, b_dft = activation_with_grad(mma(b_k, b_qt, DOT) * qk_scale, ACT, FAST)  # [BLOCK_N, BLOCK_M]
-            if MASKED:
-                vis = visible(o_m[None, :], offs_n[:, None], seq, rule)
-                b_pt = tl.where(vis, b_pt, 0.0)
-                b_dft = tl.where(vis, b_dft, 0.0)
-            dv += mma(b_pt.to(b_do.dtype), b_do, DOT)
-            b_dst = b_dft * mma(b_v, tl.trans(b_do), DOT)
-        dk += mma(b_dst.to(b_qt.dtype), tl.trans(b_qt), DOT)
-        p_qt = tl.advance(p_qt, (0, BLOCK_M))
-        p_do = tl.advance(p_do, (BLOCK_M, 0))
+        b_lse, b_delta = None, None  # the rows' statistics, broadcast along the keys, where the score has them
+        if variants.has_lse(SCORE):
+            b_lse, b_delta = _row_stats(rows, o_m, o_m < seq[0])
+            b_lse, b_delta = b_lse[None, :], b_delta[None, :]
+        b_pt, b_gt = variants.bwd_weights(mma(b_k, b_qt, FORM), b_lse, score, SCORE, FAST)  # [BLOCK_N, BLOCK_M]
+        if MASKED:
+            b_pt, b_gt = variants.mask_grads(b_pt, b_gt, visible(o_m[None, :], offs_n[:, None], seq, rule), SCORE)
+        dv += mma(b_pt.to(b_do.dtype), b_do, FORM)
+        b_dst = variants.dscores(b_pt, mma(b_v, tl.trans(b_do), FORM), b_gt, b_delta, SCORE)
+        dk += mma(b_dst.to(b_qt.dtype), tl.trans(b_qt), FORM)
+        p_qt = tl.advance(p_qt, (0, FORM.block_m))
+        p_do = tl.advance(p_do, (FORM.block_m, 0))
     return dk, dv
 
 
 @triton.jit
-def attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, q_offsets, kv_offsets, tiles,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lh,
-    tile_capacity, scale, qk_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-    FAST: tl.constexpr, TARGETS: tl.constexpr,
-):
+def attention_bwd_dkdv_kernel(q, k, v, do, rows, dk, dv, offsets, tiles, score, mask, FORM: tl.constexpr,
+                              SCORE: tl.constexpr):
+    """Key rows [n0, n0 + BLOCK_N) of one sequence and kv head: their dK and dV."""
     i_tile = tl.program_id(0)
     i_hk = tl.program_id(1)
-    seq = tl.load(tiles + i_tile)
-    if seq < 0:
+    seq_id = tl.load(tiles[0] + i_tile)
+    if seq_id < 0:
         return
-    n0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_N
-    q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
+    n0 = tl.load(tiles[0] + tiles[1] + i_tile) * FORM.block_n
+    q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq_id)
     q_len, kv_len = lens[0], lens[1]
-    lens, rule = sequence_rule(seq, lens, LEFT, RIGHT, NUM_TARGETS, CONTEXT, TARGETS)
-    Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
-    DO += q_start.to(tl.int64) * stride_dot
-    LSE += q_start
-    DELTA += q_start
+    rule = mask_rule(mask)
+    seq = sequence(seq_id, lens, rule)
+    Q_seq = q[0] if FORM.broadcast else q[0] + q_start.to(tl.int64) * q[1]  # broadcast: the same dense q rows
+    DO = do[0] + q_start.to(tl.int64) * do[1]
 
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_n = n0 + tl.arange(0, FORM.block_n)
     kv_rows = kv_start.to(tl.int64)
-    p_k = tl.make_block_ptr(K + kv_rows * stride_kt + i_hk * stride_kh, (kv_len, D), (stride_kt, 1), (n0, 0),
-                            (BLOCK_N, BLOCK_D), (1, 0))
-    p_v = tl.make_block_ptr(V + kv_rows * stride_vt + i_hk * stride_vh, (kv_len, D), (stride_vt, 1), (n0, 0),
-                            (BLOCK_N, BLOCK_D), (1, 0))
+    p_k = tl.make_block_ptr(k[0] + kv_rows * k[1] + i_hk * k[2], (kv_len, FORM.head_dim), (k[1], 1), (n0, 0),
+                            (FORM.block_n, FORM.block_d), (1, 0))
+    p_v = tl.make_block_ptr(v[0] + kv_rows * v[1] + i_hk * v[2], (kv_len, FORM.head_dim), (v[1], 1), (n0, 0),
+                            (FORM.block_n, FORM.block_d), (1, 0))
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_N, BLOCK_D]
     b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    BLOCK_N: tl.constexpr = FORM.block_n
+    BLOCK_D: tl.constexpr = FORM.block_d
+    b_dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = query_blocks(n0, lens, rule, BLOCK_M, BLOCK_N)
-    for g in range(GROUP):  # the query heads of this kv head's group, reduced here (no atomics)
-        i_h = i_hk * GROUP + g
-        p_qt = tl.make_block_ptr(Q_seq + i_h * stride_qh, (D, q_len), (1, stride_qt), (0, 0), (BLOCK_D, BLOCK_M),
-                                 (0, 1))
-        p_do = tl.make_block_ptr(DO + i_h * stride_doh, (q_len, D), (stride_dot, 1), (0, 0), (BLOCK_M, BLOCK_D),
-                                 (1, 0))
-        LSEh = LSE + i_h * stride_lh
-        DELTAh = DELTA + i_h * stride_lh
-        if TARGETS:  # HSTU's mask: the context rows before the tile's queries (jfa.geometry.query_prefix)
-            dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, 0,
-                                  query_prefix(n0, lens, rule, BLOCK_M, BLOCK_N), lens, rule, qk_scale, BLOCK_M,
-                                  True, DOT, ACT, FAST)
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, lo, full_lo, lens, rule,
-                              qk_scale, BLOCK_M, True, DOT, ACT, FAST)
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_lo, full_hi, lens, rule,
-                              qk_scale, BLOCK_M, False, DOT, ACT, FAST)
-        dk, dv = _dkdv_blocks(dk, dv, b_k, b_v, p_qt, p_do, LSEh, DELTAh, offs_n, full_hi, hi, lens, rule,
-                              qk_scale, BLOCK_M, True, DOT, ACT, FAST)
+    # the tile's walk: the prefix (HSTU's context rows; none for a window), then masked head, bulk, masked tail
+    pre = query_prefix(n0, seq, rule, FORM.block_m, FORM.block_n)
+    lo, full_lo, full_hi, hi = query_blocks(n0, seq, rule, FORM.block_m, FORM.block_n)
+    for g in range(FORM.group):  # the query heads of this kv head's group, reduced here (no atomics)
+        i_h = i_hk * FORM.group + g
+        qdo = (tl.make_block_ptr(Q_seq + i_h * q[2], (FORM.head_dim, q_len), (1, q[1]), (0, 0),
+                                 (FORM.block_d, FORM.block_m), (0, 1)),
+               tl.make_block_ptr(DO + i_h * do[2], (q_len, FORM.head_dim), (do[1], 1), (0, 0),
+                                 (FORM.block_m, FORM.block_d), (1, 0)))
+        rows_h = (rows[0] + q_start + i_h * rows[2], rows[1] + q_start + i_h * rows[2])
+        for part in tl.static_range(4):  # (MASKED: every part but the bulk)
+            start = 0 if part == 0 else (lo if part == 1 else (full_lo if part == 2 else full_hi))
+            end = pre if part == 0 else (full_lo if part == 1 else (full_hi if part == 2 else hi))
+            b_dk, b_dv = _dkdv_blocks(b_dk, b_dv, b_k, b_v, qdo, rows_h, offs_n, start, end, seq, rule, score, FORM,
+                                      part != 2, SCORE)
 
-    p_dk = tl.make_block_ptr(DK + kv_rows * stride_dkt + i_hk * stride_dkh, (kv_len, D), (stride_dkt, 1), (n0, 0),
-                             (BLOCK_N, BLOCK_D), (1, 0))
-    p_dv = tl.make_block_ptr(DV + kv_rows * stride_dvt + i_hk * stride_dvh, (kv_len, D), (stride_dvt, 1), (n0, 0),
-                             (BLOCK_N, BLOCK_D), (1, 0))
-    tl.store(p_dk, (dk * scale).to(DK.dtype.element_ty), boundary_check=(0, 1))
-    if ACT != SOFTMAX:  # the out scale (see module doc)
-        dv = dv * (scale / qk_scale)
-    tl.store(p_dv, dv.to(DV.dtype.element_ty), boundary_check=(0, 1))
+    p_dk = tl.make_block_ptr(dk[0] + kv_rows * dk[1] + i_hk * dk[2], (kv_len, FORM.head_dim), (dk[1], 1), (n0, 0),
+                             (FORM.block_n, FORM.block_d), (1, 0))
+    p_dv = tl.make_block_ptr(dv[0] + kv_rows * dv[1] + i_hk * dv[2], (kv_len, FORM.head_dim), (dv[1], 1), (n0, 0),
+                             (FORM.block_n, FORM.block_d), (1, 0))
+    tl.store(p_dk, (b_dk * score[2]).to(dk[0].dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dv, (b_dv * variants.dv_factor(score, SCORE)).to(dv[0].dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
-def _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, start, end, seq, rule, qk_scale,
-               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-               FAST: tl.constexpr):
-    """Key blocks [start, end): p_k / p_vt are block pointers at the sequence's key 0 (advanced here)."""
-    p_k = tl.advance(p_k, (start, 0))
-    p_vt = tl.advance(p_vt, (0, start))
-    for n0 in range(start, end, BLOCK_N):
+def _dq_blocks(dq, b_q, b_do, stats, kv, offs_m, start, end, seq, rule, score, FORM: tl.constexpr,
+               MASKED: tl.constexpr, SCORE: tl.constexpr):
+    """Key blocks [start, end) into dq: kv = (K, V^T) block pointers at the sequence's key 0 (advanced here);
+    stats = the rows' (log2(e) LSE, Delta), broadcast along the keys (None with an activation)."""
+    FAST: tl.constexpr = FORM.fast
+    p_k = tl.advance(kv[0], (start, 0))
+    p_vt = tl.advance(kv[1], (0, start))
+    for n0 in range(start, end, FORM.block_n):
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_N, BLOCK_D]
         b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_D, BLOCK_N]
-        if ACT == SOFTMAX:
-            b_p = softmax_weights(mma(b_q, tl.trans(b_k), DOT), qk_scale, b_lse[:, None])  # [BLOCK_M, BLOCK_N]
-            if MASKED:
-                o_n = n0 + tl.arange(0, BLOCK_N)
-                b_p = tl.where(visible(offs_m[:, None], o_n[None, :], seq, rule), b_p, 0.0)
-            b_dp = mma(b_do, b_vt, DOT)  # [BLOCK_M, BLOCK_N]
-            b_ds = softmax_dscores(b_p, b_dp, b_delta[:, None])
-        else:  # (dQ needs no P)
-            b_ds = activation_grad(mma(b_q, tl.trans(b_k), DOT) * qk_scale, ACT, FAST) * mma(b_do, b_vt, DOT)
-            if MASKED:
-                o_n = n0 + tl.arange(0, BLOCK_N)
-                b_ds = tl.where(visible(offs_m[:, None], o_n[None, :], seq, rule), b_ds, 0.0)
-        dq += mma(b_ds.to(b_k.dtype), b_k, DOT)
-        p_k = tl.advance(p_k, (BLOCK_N, 0))
-        p_vt = tl.advance(p_vt, (0, BLOCK_N))
+        b_p, b_g = variants.bwd_weights(mma(b_q, tl.trans(b_k), FORM), stats[0], score, SCORE,
+                                        FAST)  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            o_n = n0 + tl.arange(0, FORM.block_n)
+            b_p, b_g = variants.mask_grads(b_p, b_g, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
+        b_ds = variants.dscores(b_p, mma(b_do, b_vt, FORM), b_g, stats[1], SCORE)  # (an activation: no P)
+        dq += mma(b_ds.to(b_k.dtype), b_k, FORM)
+        p_k = tl.advance(p_k, (FORM.block_n, 0))
+        p_vt = tl.advance(p_vt, (0, FORM.block_n))
     return dq
 
 
 @triton.jit
-def attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, q_offsets, kv_offsets, tiles,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh, stride_lh,
-    tile_capacity, scale, qk_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-    FAST: tl.constexpr, TARGETS: tl.constexpr,
-):
+def attention_bwd_dq_kernel(q, k, v, do, rows, dq, offsets, tiles, score, mask, FORM: tl.constexpr,
+                            SCORE: tl.constexpr):
+    """Query rows [m0, m0 + BLOCK_M) of one sequence and head: their dQ (in broadcast mode a float32 partial)."""
     i_tile = tl.program_id(0)
     i_h = tl.program_id(1)
-    seq = tl.load(tiles + i_tile)
-    if seq < 0:
+    seq_id = tl.load(tiles[0] + i_tile)
+    if seq_id < 0:
         return
-    m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
-    q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
+    m0 = tl.load(tiles[0] + tiles[1] + i_tile) * FORM.block_m
+    q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq_id)
     q_len, kv_len = lens[0], lens[1]
-    lens, rule = sequence_rule(seq, lens, LEFT, RIGHT, NUM_TARGETS, CONTEXT, TARGETS)
-    Q_seq = Q if BROADCAST else Q + q_start.to(tl.int64) * stride_qt  # broadcast: the same dense q rows
-    q_rows, kv_rows, i_hk = q_start.to(tl.int64), kv_start.to(tl.int64), i_h // GROUP
+    rule = mask_rule(mask)
+    seq = sequence(seq_id, lens, rule)
+    Q_seq = q[0] if FORM.broadcast else q[0] + q_start.to(tl.int64) * q[1]  # broadcast: the same dense q rows
+    q_rows, kv_rows, i_hk = q_start.to(tl.int64), kv_start.to(tl.int64), i_h // FORM.group
 
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    p_q = tl.make_block_ptr(Q_seq + i_h * stride_qh, (q_len, D), (stride_qt, 1), (m0, 0), (BLOCK_M, BLOCK_D),
-                            (1, 0))
-    p_do = tl.make_block_ptr(DO + q_rows * stride_dot + i_h * stride_doh, (q_len, D), (stride_dot, 1), (m0, 0),
-                             (BLOCK_M, BLOCK_D), (1, 0))
+    offs_m = m0 + tl.arange(0, FORM.block_m)
+    p_q = tl.make_block_ptr(Q_seq + i_h * q[2], (q_len, FORM.head_dim), (q[1], 1), (m0, 0),
+                            (FORM.block_m, FORM.block_d), (1, 0))
+    p_do = tl.make_block_ptr(do[0] + q_rows * do[1] + i_h * do[2], (q_len, FORM.head_dim), (do[1], 1), (m0, 0),
+                             (FORM.block_m, FORM.block_d), (1, 0))
     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_M, BLOCK_D]
     b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-    if ACT == SOFTMAX:
-        b_lse = tl.load(LSE + i_h * stride_lh + q_start + offs_m, mask=offs_m < q_len, other=0.0) * LOG2E
-        b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-        b_delta = tl.load(DELTA + i_h * stride_lh + q_start + offs_m, mask=offs_m < q_len, other=0.0)
-    else:  # (no LSE, no Delta)
-        b_lse = tl.zeros([BLOCK_M], dtype=tl.float32)
-        b_delta = b_lse
-    p_k = tl.make_block_ptr(K + kv_rows * stride_kt + i_hk * stride_kh, (kv_len, D), (stride_kt, 1), (0, 0),
-                            (BLOCK_N, BLOCK_D), (1, 0))
-    p_vt = tl.make_block_ptr(V + kv_rows * stride_vt + i_hk * stride_vh, (D, kv_len), (1, stride_vt), (0, 0),
-                             (BLOCK_D, BLOCK_N), (0, 1))
+    stats = (None, None)  # the rows' statistics, broadcast along the keys, where the score has them
+    if variants.has_lse(SCORE):
+        b_lse, b_delta = _row_stats((rows[0] + i_h * rows[2] + q_start, rows[1] + i_h * rows[2] + q_start), offs_m,
+                                    offs_m < q_len)
+        stats = (b_lse[:, None], b_delta[:, None])
+    kv = (tl.make_block_ptr(k[0] + kv_rows * k[1] + i_hk * k[2], (kv_len, FORM.head_dim), (k[1], 1), (0, 0),
+                            (FORM.block_n, FORM.block_d), (1, 0)),
+          tl.make_block_ptr(v[0] + kv_rows * v[1] + i_hk * v[2], (FORM.head_dim, kv_len), (1, v[1]), (0, 0),
+                            (FORM.block_d, FORM.block_n), (0, 1)))
 
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = key_blocks(m0, lens, rule, BLOCK_M, BLOCK_N)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, lo, full_lo, lens, rule, qk_scale, BLOCK_N,
-                    True, DOT, ACT, FAST)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_lo, full_hi, lens, rule, qk_scale,
-                    BLOCK_N, False, DOT, ACT, FAST)
-    dq = _dq_blocks(dq, b_q, b_do, b_lse, b_delta, p_k, p_vt, offs_m, full_hi, hi, lens, rule, qk_scale, BLOCK_N,
-                    True, DOT, ACT, FAST)
-    # Broadcast: DQ is a float32 buffer of per-sequence partials (rows follow q_offsets), summed afterwards.
-    p_dq = tl.make_block_ptr(DQ + q_rows * stride_dqt + i_h * stride_dqh, (q_len, D), (stride_dqt, 1), (m0, 0),
-                             (BLOCK_M, BLOCK_D), (1, 0))
-    tl.store(p_dq, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0, 1))
+    BLOCK_M: tl.constexpr = FORM.block_m
+    BLOCK_D: tl.constexpr = FORM.block_d
+    b_dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_blocks(m0, seq, rule, FORM.block_m, FORM.block_n)
+    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, lo, full_lo, seq, rule, score, FORM, True, SCORE)
+    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, full_lo, full_hi, seq, rule, score, FORM, False, SCORE)
+    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, full_hi, hi, seq, rule, score, FORM, True, SCORE)
+    # Broadcast: dq is a float32 buffer of per-sequence partials (rows follow q_offsets), summed afterwards.
+    p_dq = tl.make_block_ptr(dq[0] + q_rows * dq[1] + i_h * dq[2], (q_len, FORM.head_dim), (dq[1], 1), (m0, 0),
+                             (FORM.block_m, FORM.block_d), (1, 0))
+    tl.store(p_dq, (b_dq * score[2]).to(dq[0].dtype.element_ty), boundary_check=(0, 1))

@@ -8,8 +8,9 @@ import triton.language as tl
 
 
 @triton.jit
-def mma(a, b, DOT: tl.constexpr):
-    """tl.dot with float32 accumulation; see DOT above."""
+def mma(a, b, FORM: tl.constexpr):
+    """tl.dot with float32 accumulation; see DOT above (FORM.dot: jfa.triton.launch.Form)."""
+    DOT: tl.constexpr = FORM.dot
     if DOT == "upcast":
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:

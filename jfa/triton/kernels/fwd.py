@@ -2,112 +2,87 @@
 
 Program (i_tile, i_h): query tile tiles[1][i_tile] of sequence tiles[0][i_tile], head i_h. It walks the key
 blocks its rows can see (jfa.geometry.key_blocks) in three loops: masked head, branch-free bulk, masked tail.
-The score step is jfa.variants' (ACT): online softmax in base 2 (qk_scale = scale * log2(e)), the natural-log LSE
-saved for the backward; or an activation (qk_scale = scale), the output times out_scale, no LSE.
+The score step is jfa.variants' (SCORE): online softmax in base 2 (qk_scale = scale * log2(e)), the natural-log
+LSE saved for the backward; or an activation (qk_scale = scale), the output times out_scale, no LSE.
 In broadcast mode every sequence reads the same dense q rows [0, Lq); output rows follow q_offsets.
+
+Arguments (jfa.triton.launch): each tensor with its strides as one tuple (q, k, v, o: (pointer, row stride, head
+stride); lse: (pointer, head stride)), offsets = (q_offsets, kv_offsets), tiles = (table, capacity), the score
+and mask groups (jfa.variants.score_args, jfa.problem.Problem.mask_args), and two constexprs: FORM (launch.Form:
+tiles, head dim, GQA group, modes) and SCORE.
 """
 import triton
 import triton.language as tl
 
-from ...geometry import key_blocks, sequence_bounds, sequence_rule, visible
-from ...variants import SOFTMAX, activation, online_softmax, softmax_lse
+from ... import variants
+from ...geometry import key_blocks, mask_rule, sequence, sequence_bounds, visible
 from .common import mma
 
 
 @triton.jit
-def _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, start, end, seq, rule, qk_scale, stride_kt, stride_vt,
-                D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-                FAST: tl.constexpr):
-    offs_n = tl.arange(0, BLOCK_N)
-    m_d = offs_d < D
-    for n0 in range(start, end, BLOCK_N):
+def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM: tl.constexpr,
+                MASKED: tl.constexpr, SCORE: tl.constexpr):
+    """Key blocks [start, end) of kv = (K, V, stride_kt, stride_vt), both at the sequence's key 0, into (acc, state)."""
+    K, V, stride_kt, stride_vt = kv
+    FAST: tl.constexpr = FORM.fast
+    offs_n = tl.arange(0, FORM.block_n)
+    offs_d = tl.arange(0, FORM.block_d)
+    m_d = offs_d < FORM.head_dim
+    for n0 in range(start, end, FORM.block_n):
         o_n = n0 + offs_n
         m_n = o_n < seq[1]
         p_k = K + o_n[None, :] * stride_kt + offs_d[:, None]
         b_kt = tl.load(p_k, mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
-        b_s = mma(b_q, b_kt, DOT) * qk_scale  # [BLOCK_M, BLOCK_N], base-2 logits with softmax
-        if ACT == SOFTMAX:
-            if MASKED:
-                b_s = tl.where(visible(offs_m[:, None], o_n[None, :], seq, rule), b_s, float("-inf"))
-            b_p, m_new, alpha = online_softmax(b_s, m_i, 1.0, MASKED)  # (rows that saw nothing: masked blocks)
-            l_i = l_i * alpha + tl.sum(b_p, 1)
-            p_v = V + o_n[:, None] * stride_vt + offs_d[None, :]
-            b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-            acc = acc * alpha[:, None] + mma(b_p.to(b_v.dtype), b_v, DOT)
-            m_i = m_new
-        else:
-            b_p = activation(b_s, ACT, FAST)
-            if MASKED:
-                b_p = tl.where(visible(offs_m[:, None], o_n[None, :], seq, rule), b_p, 0.0)
-            p_v = V + o_n[:, None] * stride_vt + offs_d[None, :]
-            b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-            acc += mma(b_p.to(b_v.dtype), b_v, DOT)
-    return acc, l_i, m_i
+        b_s = mma(b_q, b_kt, FORM) * score[0]  # [BLOCK_M, BLOCK_N], base-2 logits with softmax
+        if MASKED:
+            b_s = variants.mask_scores(b_s, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
+        # (the scores are scaled already: the policy's qk_scale is 1)
+        b_p, state, alpha = variants.weights(b_s, state, (1.0, ), SCORE, EMPTY_ROWS=MASKED, FAST=FAST)
+        if MASKED:
+            b_p = variants.mask_weights(b_p, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
+        p_v = V + o_n[:, None] * stride_vt + offs_d[None, :]
+        b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + mma(b_p.to(b_v.dtype), b_v, FORM)
+    return acc, state
 
 
 @triton.jit
-def _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h,
-              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-              qk_scale, out_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr,
-              ACT: tl.constexpr, FAST: tl.constexpr, TARGETS: tl.constexpr):
-    """Query rows [m0, m0 + BLOCK_M) of sequence `seq`, head i_h: output and (softmax) lse."""
-    q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, seq)
-    q_len = lens[0]
-    lens, rule = sequence_rule(seq, lens, LEFT, RIGHT, NUM_TARGETS, CONTEXT, TARGETS)
-    Q += i_h * stride_qh
-    if not BROADCAST:  # broadcast: every sequence reads the same dense q rows
-        Q += q_start.to(tl.int64) * stride_qt
-    K += kv_start.to(tl.int64) * stride_kt + (i_h // GROUP) * stride_kh
-    V += kv_start.to(tl.int64) * stride_vt + (i_h // GROUP) * stride_vh
-
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_m = offs_m < q_len
-    m_d = offs_d < D
-    p_q = Q + offs_m[:, None] * stride_qt + offs_d[None, :]
-    b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-
-    lo, full_lo, full_hi, hi = key_blocks(m0, lens, rule, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, lo, full_lo, lens, rule, qk_scale,
-                                stride_kt, stride_vt, D, BLOCK_N, True, DOT, ACT, FAST)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_lo, full_hi, lens, rule, qk_scale,
-                                stride_kt, stride_vt, D, BLOCK_N, False, DOT, ACT, FAST)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, K, V, offs_m, offs_d, full_hi, hi, lens, rule, qk_scale,
-                                stride_kt, stride_vt, D, BLOCK_N, True, DOT, ACT, FAST)
-
-    if ACT == SOFTMAX:  # a row that saw no key: output 0, lse -inf
-        seen = l_i > 0.0
-        b_o = acc / tl.where(seen, l_i, 1.0)[:, None]
-        b_lse = softmax_lse(m_i, l_i, 1.0)
-    else:
-        b_o = acc * out_scale
-    p_o = O + q_start.to(tl.int64) * stride_ot + i_h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
-    tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
-    if ACT == SOFTMAX:
-        tl.store(LSE + i_h * stride_lh + q_start + offs_m, b_lse, mask=m_m)
-
-
-@triton.jit
-def attention_fwd_kernel(
-    Q, K, V, O, LSE, q_offsets, kv_offsets, tiles,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-    tile_capacity, qk_scale, out_scale, LEFT, RIGHT, NUM_TARGETS, CONTEXT,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BROADCAST: tl.constexpr, DOT: tl.constexpr, ACT: tl.constexpr,
-    FAST: tl.constexpr, TARGETS: tl.constexpr,
-):
-    """One program per (tile of the tile table, head)."""
+def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, FORM: tl.constexpr, SCORE: tl.constexpr):
+    """One program per (tile of the tile table, head): query rows [m0, m0 + BLOCK_M) of one sequence, its output
+    and (has_lse) lse."""
     i_tile = tl.program_id(0)
     i_h = tl.program_id(1)
-    seq = tl.load(tiles + i_tile)
-    if seq >= 0:  # else an unused slot of the tile table
-        m0 = tl.load(tiles + tile_capacity + i_tile) * BLOCK_M
-        _fwd_tile(Q, K, V, O, LSE, q_offsets, kv_offsets, seq, m0, i_h, stride_qt, stride_qh, stride_kt,
-                  stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh, qk_scale, out_scale, LEFT,
-                  RIGHT, NUM_TARGETS, CONTEXT, GROUP, D, BLOCK_D, BLOCK_M, BLOCK_N, BROADCAST, DOT, ACT, FAST, TARGETS)
+    seq_id = tl.load(tiles[0] + i_tile)
+    if seq_id < 0:  # an unused slot of the tile table
+        return
+    m0 = tl.load(tiles[0] + tiles[1] + i_tile) * FORM.block_m
+    q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq_id)
+    rule = mask_rule(mask)
+    seq = sequence(seq_id, lens, rule)
+    Q = q[0] + i_h * q[2]
+    if not FORM.broadcast:  # broadcast: every sequence reads the same dense q rows
+        Q += q_start.to(tl.int64) * q[1]
+    i_hk = i_h // FORM.group
+    kv = (k[0] + (kv_start.to(tl.int64) * k[1] + i_hk * k[2]), v[0] + (kv_start.to(tl.int64) * v[1] + i_hk * v[2]),
+          k[1], v[1])
 
+    offs_m = m0 + tl.arange(0, FORM.block_m)
+    offs_d = tl.arange(0, FORM.block_d)
+    m_m = offs_m < lens[0]
+    m_d = offs_d < FORM.head_dim
+    b_q = tl.load(Q + offs_m[:, None] * q[1] + offs_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)
+    BLOCK_M: tl.constexpr = FORM.block_m
+    BLOCK_D: tl.constexpr = FORM.block_d
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    state = variants.row_state(tl.zeros([BLOCK_M], dtype=tl.float32))
+
+    lo, full_lo, full_hi, hi = key_blocks(m0, seq, rule, FORM.block_m, FORM.block_n)
+    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, lo, full_lo, seq, rule, score, FORM, True, SCORE)
+    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, full_lo, full_hi, seq, rule, score, FORM, False, SCORE)
+    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, full_hi, hi, seq, rule, score, FORM, True, SCORE)
+
+    b_o = acc * variants.out_factor(state, (1.0, score[1]), SCORE)[:, None]  # a row that saw no key: 0
+    p_o = o[0] + q_start.to(tl.int64) * o[1] + i_h * o[2] + offs_m[:, None] * o[1] + offs_d[None, :]
+    tl.store(p_o, b_o.to(o[0].dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
+    if variants.has_lse(SCORE):
+        tl.store(lse[0] + i_h * lse[1] + q_start + offs_m, variants.lse(state, (1.0, )), mask=m_m)
