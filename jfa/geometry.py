@@ -49,7 +49,9 @@ class Rule:
     @triton.constexpr_function
     def __init__(self, KIND, p):
         self.KIND = tl.constexpr(KIND)
-        self.p = p
+        # (a scalar equal to 1 arrives as a constexpr, unwrapped to an int here: an aggregate's tuple holds Triton
+        # values, so it is wrapped again; the interpreter's plain tuple holds anything)
+        self.p = p if isinstance(p, tuple) else tl.tuple([tl.constexpr(x) if isinstance(x, int) else x for x in p])
 
 
 @triton.jit

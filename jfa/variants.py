@@ -121,8 +121,8 @@ def score_args(p) -> tuple:
     """The kernels' run-time score group of a jfa.problem.Problem: (qk_scale, out_scale, grad_scale), the factor of
     the scores, of an activation's output (a per-row scale is applied outside the kernels, jfa.bwd_common), and of
     dK and dQ (with an activation, the constant out scale folded in: dV takes out_scale, dv_factor)."""
-    qk_scale = score_scale(p.scale, p.activation)
-    return (qk_scale, p.out_scale, p.scale if p.softmax else p.scale * p.out_scale)
+    qk_scale = score_scale(p.scale, p.activation)  # (floats: Triton specializes an int equal to 1 as a constexpr)
+    return (float(qk_scale), float(p.out_scale), float(p.scale if p.softmax else p.scale * p.out_scale))
 
 
 @triton.constexpr_function
