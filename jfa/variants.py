@@ -8,10 +8,10 @@ A kernel takes the score function as the constexpr SCORE (score_fn: SOFTMAX, or 
 ACTIVATIONS) and its run-time scales as one group, ``score = (qk_scale, out_scale, grad_scale)`` (score_args), and
 calls, never asking which score it runs:
 
-  forward   row_state(rows) -> state; per key block: mask_scores (before the weights: softmax hides a pair by a
-            -inf score), weights -> (P, state, alpha: the factor that rescales what was summed before), mask_weights
-            (after them: an activation zeroes a hidden pair's weight); at the end out_factor (the rows' factor on O)
-            and lse, stored where has_lse
+  forward   row_state(rows) -> state; per key block: weights -> (P, state, alpha: the factor that rescales what
+            was summed before), the mask's hidden pairs hidden before them where masks_scores (softmax: a -inf
+            score), else after (an activation: a 0 weight): hide; at the end out_factor (the rows' factor on O) and
+            lse, stored where has_lse
   backward  row statistics (log2(e) LSE and Delta) are loaded where has_lse; bwd_weights -> (P into dV, G),
             mask_grads, dscores -> dS into dQ and dK; dv_factor (dV's factor)
 
@@ -140,14 +140,20 @@ def row_state(rows):
     return rows + float("-inf"), rows
 
 
+@triton.constexpr_function
+def masks_scores(SCORE):
+    """Where the forward hides a pair that is not visible: before the weights, as a -inf score (softmax), or after
+    them, as a 0 weight (an activation). (A kernel asks, so that the mask's test is computed where it is used.)"""
+    return SCORE == SOFTMAX.value
+
+
 @triton.jit
-def mask_scores(s, vis, SCORE: tl.constexpr):
-    """Scores s with the pairs outside vis hidden, before weights: softmax's at -inf (an activation's unchanged:
-    mask_weights)."""
+def hide(x, vis, SCORE: tl.constexpr):
+    """Scores (masks_scores) or weights x with the pairs outside vis hidden: -inf scores or 0 weights."""
     if SCORE == SOFTMAX:
-        return tl.where(vis, s, float("-inf"))
+        return tl.where(vis, x, float("-inf"))
     else:
-        return s
+        return tl.where(vis, x, 0.0)
 
 
 @triton.jit
@@ -175,15 +181,6 @@ def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, E
     else:
         p, _ = SCORE(s * qk_scale, FAST)
         return p, state, tl.where(True, 1.0, m_i)
-
-
-@triton.jit
-def mask_weights(p, vis, SCORE: tl.constexpr):
-    """Weights p with the pairs outside vis at 0, after weights (softmax's are already 0: mask_scores)."""
-    if SCORE == SOFTMAX:
-        return p
-    else:
-        return tl.where(vis, p, 0.0)
 
 
 @triton.jit

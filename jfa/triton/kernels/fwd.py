@@ -34,12 +34,12 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM:
         p_k = K + o_n[None, :] * stride_kt + offs_d[:, None]
         b_kt = tl.load(p_k, mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
         b_s = mma(b_q, b_kt, FORM) * score[0]  # [BLOCK_M, BLOCK_N], base-2 logits with softmax
-        if MASKED:
-            b_s = variants.mask_scores(b_s, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
+        if MASKED and variants.masks_scores(SCORE):
+            b_s = variants.hide(b_s, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
         # (the scores are scaled already: the policy's qk_scale is 1)
         b_p, state, alpha = variants.weights(b_s, state, (1.0, ), SCORE, EMPTY_ROWS=MASKED, FAST=FAST)
-        if MASKED:
-            b_p = variants.mask_weights(b_p, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
+        if MASKED and not variants.masks_scores(SCORE):
+            b_p = variants.hide(b_p, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
         p_v = V + o_n[:, None] * stride_vt + offs_d[None, :]
         b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + mma(b_p.to(b_v.dtype), b_v, FORM)
