@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 from ... import variants
-from ...geometry import key_blocks, mask_rule, query_blocks, query_prefix, sequence, sequence_bounds, visible
-from .common import mma
+from ...geometry import key_blocks, query_blocks, query_prefix, visible
+from .common import mma, tile_of
 
 
 @triton.jit
@@ -68,11 +68,10 @@ def attention_bwd_dkdv_kernel(q, k, v, do, rows, dk, dv, offsets, tiles, score, 
     seq_id = tl.load(tiles[0] + i_tile)
     if seq_id < 0:
         return
-    n0 = tl.load(tiles[0] + tiles[1] + i_tile) * FORM.block_n
-    q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq_id)
+    BLOCK_N: tl.constexpr = FORM.block_n
+    BLOCK_D: tl.constexpr = FORM.block_d
+    n0, q_start, kv_start, lens, rule, seq = tile_of(seq_id, tiles, offsets, mask, BLOCK_N)
     q_len, kv_len = lens[0], lens[1]
-    rule = mask_rule(mask)
-    seq = sequence(seq_id, lens, rule)
     Q_seq = q[0] if FORM.broadcast else q[0] + q_start.to(tl.int64) * q[1]  # broadcast: the same dense q rows
     DO = do[0] + q_start.to(tl.int64) * do[1]
 
@@ -84,8 +83,6 @@ def attention_bwd_dkdv_kernel(q, k, v, do, rows, dk, dv, offsets, tiles, score, 
                             (FORM.block_n, FORM.block_d), (1, 0))
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_N, BLOCK_D]
     b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-    BLOCK_N: tl.constexpr = FORM.block_n
-    BLOCK_D: tl.constexpr = FORM.block_d
     b_dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     b_dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -145,11 +142,10 @@ def attention_bwd_dq_kernel(q, k, v, do, rows, dq, offsets, tiles, score, mask, 
     seq_id = tl.load(tiles[0] + i_tile)
     if seq_id < 0:
         return
-    m0 = tl.load(tiles[0] + tiles[1] + i_tile) * FORM.block_m
-    q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq_id)
+    BLOCK_M: tl.constexpr = FORM.block_m
+    BLOCK_D: tl.constexpr = FORM.block_d
+    m0, q_start, kv_start, lens, rule, seq = tile_of(seq_id, tiles, offsets, mask, BLOCK_M)
     q_len, kv_len = lens[0], lens[1]
-    rule = mask_rule(mask)
-    seq = sequence(seq_id, lens, rule)
     Q_seq = q[0] if FORM.broadcast else q[0] + q_start.to(tl.int64) * q[1]  # broadcast: the same dense q rows
     q_rows, kv_rows, i_hk = q_start.to(tl.int64), kv_start.to(tl.int64), i_h // FORM.group
 
@@ -170,8 +166,6 @@ def attention_bwd_dq_kernel(q, k, v, do, rows, dq, offsets, tiles, score, mask, 
           tl.make_block_ptr(v[0] + kv_rows * v[1] + i_hk * v[2], (FORM.head_dim, kv_len), (1, v[1]), (0, 0),
                             (FORM.block_d, FORM.block_n), (0, 1)))
 
-    BLOCK_M: tl.constexpr = FORM.block_m
-    BLOCK_D: tl.constexpr = FORM.block_d
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_blocks(m0, seq, rule, FORM.block_m, FORM.block_n)
     b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, lo, full_lo, seq, rule, score, FORM, True, SCORE)

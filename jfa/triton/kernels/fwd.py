@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from ... import variants
-from ...geometry import key_blocks, mask_rule, sequence, sequence_bounds, visible
-from .common import mma
+from ...geometry import key_blocks, visible
+from .common import mma, tile_of
 
 
 @triton.jit
@@ -55,10 +55,9 @@ def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, FORM: tl.
     seq_id = tl.load(tiles[0] + i_tile)
     if seq_id < 0:  # an unused slot of the tile table
         return
-    m0 = tl.load(tiles[0] + tiles[1] + i_tile) * FORM.block_m
-    q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq_id)
-    rule = mask_rule(mask)
-    seq = sequence(seq_id, lens, rule)
+    BLOCK_M: tl.constexpr = FORM.block_m
+    BLOCK_D: tl.constexpr = FORM.block_d
+    m0, q_start, kv_start, lens, rule, seq = tile_of(seq_id, tiles, offsets, mask, BLOCK_M)
     Q = q[0] + i_h * q[2]
     if not FORM.broadcast:  # broadcast: every sequence reads the same dense q rows
         Q += q_start.to(tl.int64) * q[1]
@@ -71,8 +70,6 @@ def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, FORM: tl.
     m_m = offs_m < lens[0]
     m_d = offs_d < FORM.head_dim
     b_q = tl.load(Q + offs_m[:, None] * q[1] + offs_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)
-    BLOCK_M: tl.constexpr = FORM.block_m
-    BLOCK_D: tl.constexpr = FORM.block_d
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     state = variants.row_state(tl.zeros([BLOCK_M], dtype=tl.float32))
 
