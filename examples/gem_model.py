@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jfa import models  # noqa: E402
+from jfa import models, peers  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -58,6 +58,9 @@ def parse_args(argv=None):
     p.add_argument("--activation", default="softmax", help="GDPA: an activation in softmax's place in the blocks "
                                                             "(silu, gelu, gelu_tanh, ...)")
     p.add_argument("--hstu", action="store_true", help="HSTU layers (causal SiLU attention) in place of the blocks")
+    p.add_argument("--targets", type=int, default=0, help="HSTU's mask: each history's last N items are candidates "
+                                                          "(they see the history, not one another; needs --causal or "
+                                                          "--hstu)")
     p.add_argument("--compile", action="store_true", help="the model under torch.compile(fullgraph=True)")
     p.add_argument("--plot", default=None, help="save the loss and AUC per step to this PNG (needs matplotlib)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -137,11 +140,16 @@ def main(argv=None):
         try:
             import flash_attn.cute  # noqa: F401
         except Exception as e:  # not installed, or no usable CUDA DSL
-            raise SystemExit(f"--attention fa4 needs flash-attn-4 (flash_attn.cute): {type(e).__name__}: {e}")
+            raise SystemExit(f"--attention fa4 needs flash-attn-4 (pip install 'jfa[peers]'): {type(e).__name__}")
+    if args.attention == "hstu" and peers.hstu_available():
+        raise SystemExit(f"--attention hstu needs generative-recommenders' HSTU kernels: {peers.hstu_available()}")
+    causal = args.causal or args.hstu  # (HSTU's layers are causal)
+    if args.targets and not causal:
+        raise SystemExit("--targets (HSTU's mask) needs causal attention: add --causal or --hstu")
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     model = models.GEMModel(args.num_items, d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
                             layers=args.layers, pma_queries=args.pma_queries, max_pos=max(args.max_len, 1),
-                            causal=args.causal, impl=args.attention, backend=args.backend,
+                            causal=causal, impl=args.attention, backend=args.backend,
                             activation=args.activation, hstu=args.hstu).to(device)
     compile_counts = torch._dynamo.utils.counters["stats"]
     if args.compile:
@@ -156,14 +164,16 @@ def main(argv=None):
     for step in range(args.steps):
         (items, offsets, labels), loads = rank_batch(args, step, rank, world)
         max_len = int((offsets[1:] - offsets[:-1]).max())  # known on the host already: no sync
+        num_targets = (offsets[1:] - offsets[:-1]).clamp(max=args.targets) if args.targets else None
         items, offsets, labels = (t.to(device, non_blocking=True) for t in (items, offsets, labels))
+        mask = {} if num_targets is None else {"num_targets": num_targets.to(device, non_blocking=True)}
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            logits = model(items, offsets, max_len=max_len)
+            logits = model(items, offsets, max_len=max_len, **mask)
         loss_sum = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="sum")
         (loss_sum * (world / global_batch)).backward()  # DDP averages over ranks -> the global mean
         opt.step()
@@ -192,7 +202,9 @@ def main(argv=None):
     timed = log[args.warmup:] or log
     k = max(1, min(5, len(losses) // 4))
     summary = {"attention": args.attention, "backend": args.backend, "device": device.type, "world": world,
-               "balance": args.balance, "causal": args.causal, "compile": args.compile, "steps": args.steps,
+               "balance": args.balance, "causal": causal, "layers_kind": "hstu" if args.hstu else "transformer",
+               "activation": "silu" if args.hstu else args.activation, "targets": args.targets,
+               "compile": args.compile, "steps": args.steps,
                "batch_per_rank": args.batch, "max_len": args.max_len, "d_model": args.d_model,
                "layers": args.layers, "heads": args.heads,
                "median_step_s": statistics.median(r["time_s"] for r in timed),

@@ -2,7 +2,8 @@
 
     out = jfa.jagged_attention(q, k, v, q_offsets, kv_offsets=None, causal=False, window=(-1, -1), ...)
     out = jfa.broadcast_attention(q, k, v, kv_offsets, ...)   # one dense q shared by every kv sequence
-    layer = jfa.nn.JaggedSelfAttention(embed_dim, num_heads, ...)  # and JaggedCrossAttention, PMAPooling
+    layer = jfa.nn.JaggedSelfAttention(embed_dim, num_heads, ...)  # and JaggedCrossAttention, PMAPooling, HSTULayer
+    out = jfa.jagged_attention(q, k, v, offsets, causal=True, activation="silu", num_targets=t)  # HSTU, GDPA
 
 On a machine with no CUDA device, importing jfa (before triton) turns on Triton's interpreter
 (TRITON_INTERPRET=1) so the portable Triton kernels run on CPU tensors; an explicit TRITON_INTERPRET is kept.

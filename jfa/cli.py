@@ -1,7 +1,8 @@
 """``jfa info | check | demo | bench``: what is here, is it correct here, show it, and how fast.
 
     jfa info    versions, the device, the backends available
-    jfa check   the correctness matrix on this device (every backend x mode x dtype x head dim, fwd + bwd)
+    jfa check   the correctness matrix on this device (every backend x mode x dtype x head dim, fwd + bwd; each score
+                function and HSTU's mask once per backend, dtype and head dim)
     jfa demo    a small GEM-like jagged batch through the best backend, checked against the reference
     jfa bench   the benchmark suite against the peers (see jfa.bench)
 """
@@ -18,6 +19,7 @@ import jfa
 from jfa import bench
 from jfa.backends import BACKENDS, available_backends, select
 from jfa.testing import CPU_MODES as MODES  # the correctness matrix: the named modes on awkward lengths
+from jfa.testing import CPU_VARIANTS as VARIANTS  # and the score functions and HSTU's mask
 from jfa.testing import compare, make_case, run_backend
 
 
@@ -57,8 +59,10 @@ def check(args) -> int:
     if args.dtype:
         dtypes = tuple(getattr(torch, name) for name in args.dtype.split(","))
     backends = [b for b in BACKENDS if b != "reference"] if not args.backend else args.backend.split(",")
+    cases = {**MODES, **VARIANTS}
     print(f"jfa check on {torch.cuda.get_device_name(0) if dev.type == 'cuda' else 'CPU'}: "
-          f"{len(backends)} backend(s) x {len(MODES)} modes x {len(dtypes)} dtypes x {len(dims)} head dims")
+          f"{len(backends)} backend(s) x ({len(MODES)} modes + {len(VARIANTS)} variants: each score function, HSTU's "
+          f"mask) x {len(dtypes)} dtypes x {len(dims)} head dims")
     failures = total = 0
     for backend in backends:
         for dtype in dtypes:
@@ -67,7 +71,7 @@ def check(args) -> int:
                     print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} not supported here: skipped")
                     continue
                 bad = []
-                for mode, kw in MODES.items():
+                for mode, kw in cases.items():
                     case = make_case(**kw, d=d, dtype=dtype, device=dev, seed=d + len(mode))
                     total += 1
                     out, lse, grads = run_backend(case, backend)
@@ -76,7 +80,7 @@ def check(args) -> int:
                         bad.append(f"{mode}: {errs[0]}")
                 failures += len(bad)
                 status = "ok" if not bad else f"FAIL ({len(bad)})"
-                print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} {len(MODES)} modes fwd+bwd: {status}")
+                print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} {len(cases)} modes and variants fwd+bwd: {status}")
                 for line in bad:
                     print(f"      {line}")
     print(f"{total - failures}/{total} passed")

@@ -38,8 +38,8 @@ class JaggedBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
-    def forward(self, x, offsets, max_len=None):
-        x = x + self.attn(self.norm1(x), offsets, max_len=max_len)
+    def forward(self, x, offsets, max_len=None, **mask):
+        x = x + self.attn(self.norm1(x), offsets, max_len=max_len, **mask)
         return x + self.mlp(self.norm2(x))
 
 
@@ -48,7 +48,8 @@ class GEMModel(nn.Module):
 
     heads/kv_heads: GQA when kv_heads < heads. pma_queries: the pooling's seeds. impl/backend: the attention.
     activation: GDPA's, in the transformer blocks' attention (with out_scale 1 / max_pos). hstu: HSTU layers
-    (jfa.nn.HSTULayer, causal SiLU attention) in place of the transformer blocks.
+    (jfa.nn.HSTULayer, causal SiLU attention) in place of the transformer blocks. forward's num_targets (with causal
+    attention): HSTU's mask, each history's last num_targets[b] items scored as candidates in the same pass.
     """
 
     def __init__(self, num_items, d_model=64, heads=4, kv_heads=None, layers=2, pma_queries=4, max_pos=4096,
@@ -71,15 +72,16 @@ class GEMModel(nn.Module):
         self.pool = PMAPooling(d_model, heads, pma_queries, kv_heads, backend=backend, attention=broadcast)
         self.head = nn.Sequential(nn.Linear(pma_queries * d_model, d_model), nn.GELU(), nn.Linear(d_model, 1))
 
-    def forward(self, items, offsets, max_len=None):
+    def forward(self, items, offsets, max_len=None, num_targets=None):
         total, batch = items.shape[0], offsets.numel() - 1
+        mask = {} if num_targets is None else {"num_targets": num_targets}
         offsets = offsets.to(items.device)
         lens = offsets[1:] - offsets[:-1]
         seq = torch.repeat_interleave(torch.arange(batch, device=items.device), lens, output_size=total)
         pos = (torch.arange(total, device=items.device) - offsets[:-1][seq]).clamp_(max=self.max_pos - 1)
         x = self.item(items) + self.pos(pos)  # [T, d_model]
         for block in self.blocks:
-            x = block(x, offsets, max_len=max_len)
+            x = block(x, offsets, max_len=max_len, **mask)
         pooled = self.pool(self.norm(x), offsets, max_len=max_len)  # [B, pma_queries, d_model]
         return self.head(pooled.reshape(batch, -1)).squeeze(-1)
 

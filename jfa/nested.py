@@ -11,7 +11,18 @@ with other offsets (cross-attention). Every conversion here is differentiable.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
+
+
+class _NoFxNotice(logging.Filter):
+    """torch (2.13) logs a notice of its own the first time nested_tensor_from_jagged asks torch.fx whether it is
+    tracing ("is_fx_tracing will return true for ..."): torch's business, not an NJT user's. jfa's NJT outputs
+    leave it out (torch logs it once per process, so a user's later call does not print it either)."""
+
+    def filter(self, record):
+        return "is_fx_tracing" not in record.getMessage()
 
 
 def is_njt(x) -> bool:
@@ -38,7 +49,12 @@ def to_njt(values: torch.Tensor, offsets: torch.Tensor, *, max_len=None, min_len
     Reusing the offsets tensor of an existing NJT gives the result that NJT's ragged size ``j``.
     ``max_len``/``min_len`` (ints) are cached on the NJT when given, so later users need no host sync.
     """
-    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_len, max_seqlen=max_len)
+    log, quiet = logging.getLogger("torch.fx._symbolic_trace"), _NoFxNotice()
+    log.addFilter(quiet)
+    try:
+        return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_len, max_seqlen=max_len)
+    finally:
+        log.removeFilter(quiet)
 
 
 def to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len=None, padding_value=0.0):

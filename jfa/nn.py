@@ -229,7 +229,13 @@ class HSTULayer(nn.Module):
         max_seq_len: N, the out scale's 1/N (HSTU divides by the longest sequence the model takes); None: the
             batch's longest (max_len, or read from the offsets: one host sync).
         scale: of q . k (default 1/sqrt(attn_dim)). backend, attention: as JaggedSelfAttention.
+    forward(x, offsets, max_len=None, num_targets=None, contextual_len=0): num_targets (an int tensor [B] on the
+        offsets' device) and contextual_len are HSTU's mask (jfa.jagged_attention's; causal only): each history's
+        last num_targets[b] rows are candidates that see the history and themselves, never one another, and its
+        first contextual_len rows are features every row sees.
     Shapes: x ``[T, embed_dim]`` with offsets ``[B+1]``, or an NJT ``[B, j, embed_dim]``; the output is the same.
+    Not here, against HSTU's own block: the relative attention bias (positions and timestamps, added to the scores)
+    and dropout.
     """
 
     def __init__(self, embed_dim, num_heads, *, head_dim=None, attn_dim=None, causal=True, window=(-1, -1),

@@ -45,6 +45,23 @@ CPU_MODES = modes(AWKWARD_LENS, 17, 20, 40)
 GPU_MODES = modes(GPU_LENS, 256, 100, 256)
 
 
+def variant_modes(lens, window) -> dict:
+    """The attention variants as named modes (make_case's arguments) on these lengths: each score function in softmax's
+    place once (causal; a per-row out scale on one), and HSTU's mask (targets, a contextual prefix and a window over
+    positions) with softmax and with silu. (`jfa check`'s; the tests cross the variants with every mode.)"""
+    from .variants import ACTIVATIONS
+    out = {f"{a}-causal": dict(q_lens=lens, causal=True, activation=a, out_scale=0.3) for a in ACTIVATIONS}
+    out["silu-gqa-rows-scale"] = dict(q_lens=lens, hq=8, hkv=2, activation="silu", out_scale="rows")
+    for a, scale in (("softmax", 1.0), ("silu", 0.1)):
+        out[f"targets-context-window-{a}"] = dict(q_lens=lens, causal=True, window=(window, -1), num_targets="random",
+                                                  contextual_len=3, activation=a, out_scale=scale)
+    return out
+
+
+CPU_VARIANTS = variant_modes(AWKWARD_LENS, 20)
+GPU_VARIANTS = variant_modes(GPU_LENS, 300)
+
+
 def each_once(firsts, seconds, first, second) -> list[tuple]:
     """Pairs that take every one of firsts once (with `second`) and every one of seconds once (with `first`): the
     CPU tests of two independent seams (a score function and a mask mode, say), which the GPU tests cross whole."""

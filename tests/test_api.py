@@ -206,3 +206,15 @@ def test_available_backends():
     assert "reference" in jfa.available_backends("cpu", 64, torch.float32)
     assert "triton" in jfa.available_backends("cpu", 64, torch.float32)
     assert "triton" not in jfa.available_backends("cpu", 512, torch.float32)
+
+
+def test_jfa_check_covers_every_score_function_and_hstus_mask(capsys):
+    """`jfa check` runs the variants beside the modes (here through the reference, so it is fast: the kernels' own
+    runs of the same cases are tests/test_triton.py's and `jfa check` itself)."""
+    from jfa.cli import main
+    from jfa.testing import CPU_MODES, CPU_VARIANTS
+    from jfa.variants import ACTIVATIONS
+    assert set(ACTIVATIONS) <= {k.split("-")[0] for k in CPU_VARIANTS} and any("targets" in k for k in CPU_VARIANTS)
+    assert main(["check", "--backend", "reference", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(CPU_MODES) + len(CPU_VARIANTS)} modes and variants fwd+bwd: ok" in out, out

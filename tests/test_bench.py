@@ -404,3 +404,49 @@ def test_hstu_peer_refuses_what_its_kernel_cannot_compute():
     for args in ((False, 0, "silu", 1 / 64), (True, -1, "silu", 1 / 64), (True, 0, "softmax", 1 / 64),
                  (True, 0, "silu", 0.3), (True, 0, "silu", torch.ones(3))):
         assert "causal silu self-attention" in hstu_refusal(*args, 10)
+
+
+def test_bench_list_names_every_workload_and_provider_with_what_each_needs(capsys):
+    """`jfa bench --list`: the HSTU/GDPA workloads with their score and mask, the providers with what they need."""
+    from jfa.bench import main
+    assert main(["--list"]) == 0
+    text = capsys.readouterr().out
+    for name in ("hstu-silu", "hstu-targets", "hstu-targets-context", "gdpa-self", "gdpa-cross-short-kv",
+                 "softmax-targets"):
+        line = next(x for x in text.splitlines() if x.strip().startswith(name + " "))
+        assert ("silu" in line or "gelu_tanh" in line or "targets" in line), line
+    assert "context 8" in text and "HSTU targets 1-20" in text
+    hstu = next(x for x in text.splitlines() if x.strip().startswith("hstu "))
+    assert "scripts/carry_hstu.sh" in hstu
+    assert "scripts/fetch_fa4.sh" in next(x for x in text.splitlines() if x.strip().startswith("fa4 "))
+
+
+def test_bench_wrong_name_is_one_line_naming_the_choices(capsys):
+    from jfa.bench import main
+    assert main(["--only", "hstu-silu,nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "nope" in err and "hstu-targets" in err and "--list" in err
+    assert main(["--providers", "jfa,fa5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "fa5" in err and "hstu" in err
+
+
+def test_lengths_workload_takes_the_score_and_hstus_mask(tmp_path):
+    """`--lengths` workloads: --activation, --out-scale, --targets LO,HI, --contextual-len, validated."""
+    from jfa.bench import build_parser, suite
+    path = tmp_path / "lens.txt"
+    path.write_text("5\n40\n17\n")
+    args = build_parser().parse_args(["--lengths", str(path), "--causal", "--activation", "silu", "--out-scale",
+                                      "0.25", "--targets", "1,3", "--contextual-len", "2"])
+    w = suite.workload_from_lengths(args.lengths, causal=args.causal, activation=args.activation,
+                                    out_scale=args.out_scale, targets=args.targets, contextual_len=args.contextual_len)
+    assert (w.activation, w.out_scale, w.targets, w.contextual_len, w.window) == ("silu", 0.25, (1, 3), 2, (-1, 0))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+    assert inp.num_targets is not None and bool((inp.num_targets <= inp.kv_lens).all())
+    assert "HSTU targets 1-3" in w.describe() and "silu" in w.describe()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--lengths", str(path), "--targets", "3"])
+    with pytest.raises(ValueError, match="causal"):
+        suite.workload_from_lengths(path, targets=(1, 2))
+    with pytest.raises(ValueError, match="activation"):
+        suite.workload_from_lengths(path, activation="tanh")

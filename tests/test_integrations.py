@@ -330,3 +330,18 @@ def test_gem_example_compiles_once_lengths_vary():
     summary = _example("--steps", "5", "--batch", "8", "--max-len", "64", "--d-model", "32", "--heads", "2",
                        "--layers", "1", "--pma-queries", "2", "--num-items", "100", "--threads", "2", "--compile")
     assert summary["compiled_graphs"] >= 1 and summary["recompiles_after_step_2"] == 0, summary
+
+
+def test_gem_example_records_what_it_ran_and_scores_targets():
+    """--hstu --targets 2: HSTU layers with each history's last 2 items as candidates (HSTU's mask); the summary
+    says so (layers, activation, causal, targets). A missing peer or a mask without causal attention is one line."""
+    summary = _example("--steps", "2", "--batch", "4", "--max-len", "32", "--num-items", "50", "--d-model", "16",
+                       "--heads", "2", "--layers", "1", "--pma-queries", "2", "--hstu", "--targets", "2")
+    assert (summary["layers_kind"], summary["activation"], summary["causal"], summary["targets"]) == \
+        ("hstu", "silu", True, 2), summary
+    with pytest.raises(SystemExit, match="needs causal attention"):
+        _example("--steps", "1", "--targets", "2")
+    from jfa import peers
+    if peers.hstu_available():
+        with pytest.raises(SystemExit, match="scripts/carry_hstu.sh"):
+            _example("--steps", "1", "--attention", "hstu", "--hstu")

@@ -1,7 +1,8 @@
-"""``jfa bench``: jfa against its peers on a suite of jagged workloads.
+"""``jfa bench``: jfa against its peers on a suite of jagged workloads (``jfa bench --list`` names them).
 
+    python -m jfa.bench --list
     python -m jfa.bench [--suite FILE] [--only NAME,...] [--providers NAME,...] [--out DIR]
-    python -m jfa.bench --lengths lens.txt --heads 8 --head-dim 128 --causal
+    python -m jfa.bench --lengths lens.txt --heads 8 --head-dim 128 --causal [--activation silu --out-scale 0.01]
 
 Modules: suite (workloads, the length recipe, inputs), providers (jfa backends and peers), runner (the
 correctness gate, timing, results), report (terminal table, report.md, plots). See benchmarks/README.md.
@@ -25,10 +26,11 @@ SMOKE_WORKLOADS = ("self-uniform-1k", "causal-skewed-4k", "gqa-uniform-2k", "pma
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The bench options (added to `parser` when given, e.g. a `jfa bench` sub-parser)."""
     p = parser or argparse.ArgumentParser(prog="jfa bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--list", action="store_true", help="the suite's workloads and the providers, what each is and "
+                                                        "needs, then exit")
     p.add_argument("--suite", help="suite file in the workloads.json format (default: the packaged one)")
-    p.add_argument("--only", help="comma-separated workload names to run")
-    p.add_argument("--providers", help="comma-separated providers (default: all: jfa, jfa-<backend>, fa2, fa4, "
-                                       "flex, sdpa-padded)")
+    p.add_argument("--only", help="comma-separated workload names to run (--list names them)")
+    p.add_argument("--providers", help="comma-separated providers (default: all; --list names them)")
     p.add_argument("--out", help="directory for results.json, report.md and plots/")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -46,7 +48,35 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                                          "(cross)")
     g.add_argument("--window", type=int, nargs=2, default=(-1, -1), metavar=("LEFT", "RIGHT"))
     g.add_argument("--causal", action="store_true")
+    g.add_argument("--activation", default="softmax", help="the score function (jfa.jagged_attention's activation)")
+    g.add_argument("--out-scale", type=float, default=1.0, help="an activation's output scale")
+    g.add_argument("--targets", type=_pair, metavar="LO,HI", help="HSTU's mask: target counts drawn in [LO, HI] per "
+                                                                  "sequence (self-attention, --causal)")
+    g.add_argument("--contextual-len", type=int, default=0, help="HSTU's contextual prefix (with --targets)")
     return p
+
+
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI (two ints), got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected 0 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def list_suite(suite_path=None) -> str:
+    """`jfa bench --list`: the workloads (name and what each is) and the providers (what each is and needs)."""
+    from . import providers as providers_mod
+    from . import suite
+    _, workloads = suite.load_suite(suite_path)
+    width = max(len(w.name) for w in workloads)
+    lines = ["workloads (--only):"] + [f"  {w.name:<{width}}  {w.describe()}" for w in workloads]
+    provs = providers_mod.all_providers()
+    width = max(len(p.name) for p in provs)
+    lines += ["providers (--providers):"] + [f"  {p.name:<{width}}  {p.describe()}" for p in provs]
+    return "\n".join(lines)
 
 
 def _progress(total: int):
@@ -81,17 +111,25 @@ def main(argv=None) -> int:
     from . import providers as providers_mod
     from . import report, runner, suite
 
+    if args.list:
+        print(list_suite(args.suite))
+        return 0
     cuda = torch.cuda.is_available()
     smoke = args.smoke or not cuda
     device = torch.device("cuda" if cuda and not args.smoke else "cpu")
-    if args.lengths:
-        workloads = [suite.workload_from_lengths(args.lengths, heads_q=args.heads, heads_kv=args.kv_heads,
-                                                 head_dim=args.head_dim, mode=args.mode, q_len=args.q_len,
-                                                 window=tuple(args.window), causal=args.causal)]
-    else:
-        _, workloads = suite.load_suite(args.suite)
-        workloads = suite.select(workloads, args.only)
-    providers = providers_mod.select(args.providers)
+    try:  # a wrong name or option is one line, naming the choices
+        if args.lengths:
+            workloads = [suite.workload_from_lengths(
+                args.lengths, heads_q=args.heads, heads_kv=args.kv_heads, head_dim=args.head_dim, mode=args.mode,
+                q_len=args.q_len, window=tuple(args.window), causal=args.causal, activation=args.activation,
+                out_scale=args.out_scale, targets=args.targets, contextual_len=args.contextual_len)]
+        else:
+            _, workloads = suite.load_suite(args.suite)
+            workloads = suite.select(workloads, args.only)
+        providers = providers_mod.select(args.providers)
+    except ValueError as e:
+        print(f"jfa bench: {e}", file=sys.stderr)
+        return 2
     timing = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms}
     if smoke:
         print("jfa bench: no CUDA device" if not cuda else "jfa bench: --smoke", "-> CPU smoke run: a scaled-down "

@@ -60,6 +60,12 @@ def _peer_checks(inp: Inputs, need_cuda=True, softmax_only=False, windows_only=F
 class Provider:
     name = "?"
     peer = True  # False for jfa's own providers (the ratios compare jfa with the fastest peer)
+    needs = ""  # what it needs besides jfa's own install (`jfa bench --list`)
+
+    def describe(self) -> str:
+        """One line: what it is (its docstring's first sentence) and what it needs."""
+        doc = " ".join((type(self).__doc__ or self.name).strip().split("\n\n")[0].split())
+        return doc + (f" Needs: {self.needs}." if self.needs else "")
 
     def skip_reason(self, inp: Inputs) -> str | None:
         return None
@@ -69,8 +75,16 @@ class Provider:
 
 
 class Jfa(Provider):
+    """jfa.jagged_attention / broadcast_attention with both max lengths given (no host sync), one offsets tensor
+    call after call (its schedule cached, as a model's layers share it)."""
     peer = False
     check_like: dict | None = None  # the call's score or mask arguments in place of the workload's (and the gate's)
+
+    def describe(self) -> str:
+        if type(self) is not Jfa:
+            return super().describe()
+        which = "the fastest backend here" if self.backend == "auto" else f"backend={self.backend!r}"
+        return f"jfa, {which}, with both max lengths (no host sync) and one offsets tensor call after call."
 
     def __init__(self, backend="auto", explicit=False):
         self.backend = backend
@@ -168,6 +182,7 @@ def _new_offsets_ms(call, inp, reps: int = 7) -> float:
 class TorchVarlen(Provider):
     """FlashAttention 2 as shipped in PyTorch: torch.nn.attention.varlen.varlen_attn."""
     name = "fa2"
+    needs = "a CUDA build of torch with torch.nn.attention.varlen (2.10 and later)"
 
     def skip_reason(self, inp):
         try:
@@ -197,6 +212,8 @@ class TorchVarlen(Provider):
 class FA4(Provider):
     """flash-attn-4 (CuTe DSL): flash_attn.cute.flash_attn_varlen_func."""
     name = "fa4"
+    needs = "flash-attn-4 (pip install 'jfa[peers]'; on the H200 without network: scripts/fetch_fa4.sh, then " \
+            "scripts/bench.sh installs the carried wheels)"
 
     def skip_reason(self, inp):
         try:
@@ -242,6 +259,7 @@ def _doc_positions(lens: torch.Tensor, device):
 class Flex(Provider):
     """FlexAttention: torch.compile(flex_attention) on the packed batch ([1, H, T, D]) with a document mask."""
     name = "flex"
+    needs = "softmax workloads; a CUDA device for the backward"
 
     def skip_reason(self, inp):
         try:
@@ -362,6 +380,7 @@ class CompiledPadded(SdpaPadded):
 class HSTU(Provider):
     """HSTU's Triton kernel (meta-recsys/generative-recommenders), called as its users call it (triton_hstu_mha)."""
     name = "hstu"
+    needs = "generative-recommenders' ops on the path (scripts/carry_hstu.sh); causal silu self-attention"
 
     def skip_reason(self, inp):
         w = inp.workload
@@ -393,7 +412,8 @@ def select(names: str | None) -> list[Provider]:
     known = {p.name: p for p in providers}
     missing = [n for n in wanted if n not in known]
     if missing:
-        raise ValueError(f"--providers: unknown {missing}; known: {sorted(known)}")
+        raise ValueError(f"--providers: no provider named {', '.join(missing)}; the providers are "
+                         f"{', '.join(known)} (jfa bench --list describes them)")
     chosen = [known[n] for n in wanted]
     # An explicit request for the reference lifts its "not a fast path" skip.
     for p in chosen:

@@ -74,6 +74,11 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: heads_q {self.heads_q} not a multiple of {self.heads_kv}")
         if self.targets is not None and (self.mode != "self" or self.window[1] != 0):
             raise ValueError(f"workload {self.name!r}: targets need causal self-attention (window [W, 0])")
+        if self.contextual_len and self.targets is None:
+            raise ValueError(f"workload {self.name!r}: contextual_len is HSTU's mask's: give targets too (0,0 for none)")
+        from ..variants import SCORE_NAMES
+        if self.activation not in SCORE_NAMES:
+            raise ValueError(f"workload {self.name!r}: activation must be one of {list(SCORE_NAMES)}")
         if self.mode in ("broadcast", "cross") and self.q_len < 1 and not self.q_max_len:
             raise ValueError(f"workload {self.name!r}: {self.mode} mode needs q_len >= 1")
         if len(self.window) != 2:
@@ -82,6 +87,23 @@ class Workload:
     @property
     def broadcast(self) -> bool:
         return self.mode == "broadcast"
+
+    def describe(self) -> str:
+        """One line: the batch, the heads, the mask and the score (`jfa bench --list`)."""
+        lens = f"{len(self.lengths)} sequences from a file" if self.lengths is not None else \
+            f"{self.batch} x {self.dist} up to {self.max_len}"
+        queries = {"self": "self", "cross": f"cross, queries up to {self.q_max_len or self.q_len}",
+                   "broadcast": f"broadcast q of {self.q_len} rows"}[self.mode]
+        left, right = self.window
+        mask = "causal" if (left, right) == (-1, 0) else "full" if (left, right) == (-1, -1) else \
+            f"window ({left}, {right})"
+        parts = [f"{queries}, {lens}", f"H {self.heads_q}/{self.heads_kv}, D {self.head_dim}", mask]
+        if self.activation != "softmax":
+            parts.append(self.activation + (f" (out scale {self.out_scale:g})" if self.out_scale != 1.0 else ""))
+        if self.targets is not None:
+            parts.append(f"HSTU targets {self.targets[0]}-{self.targets[1]} a sequence"
+                         + (f", context {self.contextual_len}" if self.contextual_len else ""))
+        return "; ".join(parts)
 
     def spec(self) -> dict:
         """The workload as the suite file writes it (what results.json records)."""
@@ -123,7 +145,8 @@ def select(workloads: list[Workload], only: str | None) -> list[Workload]:
     wanted = [n.strip() for n in only.split(",") if n.strip()]
     missing = [n for n in wanted if n not in {w.name for w in workloads}]
     if missing:
-        raise ValueError(f"--only: no workload named {missing}; the suite has {[w.name for w in workloads]}")
+        raise ValueError(f"--only: no workload named {', '.join(missing)}; the suite has "
+                         f"{', '.join(w.name for w in workloads)} (jfa bench --list describes them)")
     return [w for w in workloads if w.name in wanted]
 
 
@@ -177,12 +200,17 @@ def read_lengths_file(path) -> list[int]:
 
 
 def workload_from_lengths(path, *, heads_q=4, heads_kv=None, head_dim=128, mode="self", q_len=64,
-                          window=(-1, -1), causal=False) -> Workload:
+                          window=(-1, -1), causal=False, activation="softmax", out_scale=1.0, targets=None,
+                          contextual_len=0) -> Workload:
+    """A workload over the kv lengths in a file (`jfa bench --lengths`), with the suite's options: the mode, the
+    mask (targets = (lo, hi): HSTU's target counts drawn per sequence, as the suite's), the score function."""
     lens = read_lengths_file(path)
     left, right = causal_window(causal, tuple(window))
     w = Workload(name=Path(path).stem, mode=mode, batch=len(lens), max_len=max(lens), dist="file", seed=0,
                  heads_q=heads_q, heads_kv=heads_kv or heads_q, head_dim=head_dim, window=(left, right),
-                 q_len=q_len if mode != "self" else 0, lengths=tuple(lens))
+                 q_len=q_len if mode != "self" else 0, lengths=tuple(lens), activation=activation,
+                 out_scale=out_scale, targets=None if targets is None else tuple(targets),
+                 contextual_len=contextual_len)
     w.validate()
     return w
 
