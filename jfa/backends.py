@@ -20,17 +20,19 @@ from . import reference
 from . import triton as triton_backend
 
 
+def _reference_args(p) -> dict:
+    """The reference's keyword arguments of a problem (its mask's and score's fields)."""
+    return dict(scale=p.scale, left=p.left, right=p.right, broadcast=p.broadcast, activation=p.activation,
+                out_scale=p.scales, num_targets=p.num_targets, contextual_len=p.contextual_len)
+
+
 def _reference_forward(p):
-    return reference.attention(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, scale=p.scale, left=p.left, right=p.right,
-                               broadcast=p.broadcast, activation=p.activation, out_scale=p.scales,
-                               num_targets=p.num_targets, contextual_len=p.contextual_len)
+    return reference.attention(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, **_reference_args(p))
 
 
 def _reference_backward(p, out, lse, dout, dlse):
-    return reference.attention_backward(dout, dlse, p.q, p.k, p.v, out, p.q_offsets, p.kv_offsets, scale=p.scale,
-                                        left=p.left, right=p.right, broadcast=p.broadcast, activation=p.activation,
-                                        out_scale=p.scales, num_targets=p.num_targets,
-                                        contextual_len=p.contextual_len)
+    return reference.attention_backward(dout, dlse, p.q, p.k, p.v, out, p.q_offsets, p.kv_offsets,
+                                        **_reference_args(p))
 
 
 @dataclass(frozen=True)
