@@ -44,6 +44,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             see the history and themselves and never each other, and the history never sees them; the first
             ``contextual_len`` rows (an int) are a contextual prefix that every row sees and that sees the whole
             history; ``window=(W, 0)`` bounds the distance in HSTU's positions. The rule: jfa.jagged.target_mask.
+            Where the offsets are checked, a prefix longer than a (non-empty) sequence is an error; where they are
+            trusted (both max lengths for GPU offsets) such a sequence is all prefix, as the rule says.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]`` (softmax only).
         backend: "auto", "reference", "triton" or "hopper".
         deterministic: the backward gives the same bits run to run (the hopper backend's default backward adds
@@ -58,6 +60,10 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
+        if (num_targets is not None or contextual_len) and kv_offsets is not None:  # (None: one offsets tensor)
+            raise ValueError("num_targets / contextual_len need self-attention: q, k and v must be NJTs on one offsets "
+                             "tensor (torch.nested.nested_tensor_from_jagged(x, offsets) with the same offsets for "
+                             "all three, or nk = torch.nested.nested_tensor_from_jagged(k_values, nq.offsets()))")
         result = jagged_attention(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len,
                                   return_lse=return_lse, **options)
         out = nested.to_njt(result[0] if return_lse else result, q_offsets, max_len=max_q_len)
@@ -93,7 +99,7 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
                                  f"{k.shape[0]} vs {q.shape[0]}")
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q",
                                         [("max_q_len", max_q_len), ("max_kv_len", max_kv_len)],
-                                        options.get("num_targets"))
+                                        options.get("num_targets"), options.get("contextual_len", 0))
         else:
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
             checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
@@ -165,7 +171,8 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     scale = checks.check_scale(scale, q.shape[2])
     checks.check_activation(activation)
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
-    out_scale, row_scale = checks.check_out_scale(out_scale, activation, rows, q.device)
+    values = checks.offsets_values_checked([q_offsets, kv_offsets], max_q_len is not None and max_kv_len is not None)
+    out_scale, row_scale = checks.check_out_scale(out_scale, activation, rows, q.device, values)
     backend = select(backend, q.device, q.shape[2], q.dtype)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

@@ -87,8 +87,9 @@ def check_activation(activation):
         raise ValueError(f"unknown activation {activation!r}; expected one of {list(SCORE_NAMES)}")
 
 
-def check_out_scale(out_scale, activation, rows, device):
-    """-> (out_scale as a float, the per-row tensor or None)."""
+def check_out_scale(out_scale, activation, rows, device, values=True):
+    """-> (out_scale as a float, the per-row tensor or None). values: check a per-row tensor's values too (where the
+    offsets' values are checked: a host sync on a GPU)."""
     if isinstance(out_scale, torch.Tensor):
         if activation == "softmax":
             raise ValueError("out_scale scales an activation's output; softmax's rows are normalized (use "
@@ -100,6 +101,10 @@ def check_out_scale(out_scale, activation, rows, device):
                              f"{tuple(out_scale.shape)}")
         if out_scale.device != device:
             raise ValueError(f"out_scale is on {out_scale.device} but q, k, v are on {device}")
+        if values and not bool(torch.isfinite(out_scale).all()):  # (one host sync on a GPU, where values are checked)
+            row = int(torch.nonzero(~torch.isfinite(out_scale))[0])
+            raise ValueError(f"out_scale[{row}] = {out_scale[row].item()} is not finite: a per-row out scale must be "
+                             f"finite (it would spread into the gradients of every key the row sees)")
         return 1.0, out_scale.detach()
     if isinstance(out_scale, bool) or not isinstance(out_scale, (int, float)) or not _finite(out_scale):
         raise TypeError(f"out_scale must be a finite float or a float32 tensor, got {out_scale!r}")
@@ -112,8 +117,11 @@ def check_out_scale(out_scale, activation, rows, device):
 def check_targets(num_targets, contextual_len, causal, window, broadcast, self_attention, offsets):
     """HSTU's mask's arguments (jfa.jagged.target_mask) -> num_targets as the kernels take it (a contextual prefix
     alone: zero targets), or None. Their values are checked with the offsets' (check_offsets_values)."""
-    if isinstance(contextual_len, bool) or not isinstance(contextual_len, int) or contextual_len < 0:
-        raise TypeError(f"contextual_len must be a non-negative Python int, got {contextual_len!r}")
+    if isinstance(contextual_len, bool) or not isinstance(contextual_len, int):
+        raise TypeError(f"contextual_len must be a Python int, got {contextual_len!r}")
+    if contextual_len < 0:
+        raise ValueError(f"contextual_len must be >= 0 (the rows of each sequence's contextual prefix), got "
+                         f"{contextual_len}")
     if num_targets is None and contextual_len == 0:
         return None
     if broadcast:
@@ -121,9 +129,12 @@ def check_targets(num_targets, contextual_len, causal, window, broadcast, self_a
     if not self_attention:
         raise ValueError("num_targets / contextual_len need self-attention (kv_offsets=None): targets are the last "
                          "rows of each sequence")
-    if not causal or window[1] > 0:
+    if not causal:
         raise ValueError("num_targets / contextual_len need causal=True (HSTU's mask is causal; window=(W, 0) "
                          "bounds its distance)")
+    if window[1] > 0:
+        raise ValueError(f"num_targets / contextual_len take window=(W, 0) (W: the distance in HSTU's positions, its "
+                         f"max_attn_len; -1 for none): got window={tuple(window)}, whose right side is not 0")
     batch = offsets.numel() - 1
     if num_targets is None:
         return torch.zeros(batch, dtype=offsets.dtype, device=offsets.device)
@@ -162,10 +173,10 @@ def offsets_values_checked(offsets_list, hints_given: bool) -> bool:
     return not (on_gpu and hints_given)
 
 
-def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=None):
+def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=None, contextual_len=0):
     """Start 0, non-decreasing, end == rows, and each (hint_name, value) in hints (when the value is given)
-    >= the longest sequence; num_targets (a tensor) between 0 and each sequence's length. One host sync for GPU
-    offsets, however many hints."""
+    >= the longest sequence; num_targets (a tensor) between 0 and each sequence's length; a contextual prefix no
+    longer than any non-empty sequence. One host sync for GPU offsets, however many hints."""
     o, t = offsets.detach().to(torch.int64), None
     if isinstance(num_targets, torch.Tensor) and num_targets.shape == (o.numel() - 1, ) and \
             num_targets.device == o.device:  # (one copy to the host; anything else is check_targets' error)
@@ -186,6 +197,12 @@ def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=N
                          f"{name}[{b}] = {o[b].item()}")
     if o[-1].item() != rows:
         raise ValueError(f"{name} must end at the number of rows of {rows_name} ({rows}), got {o[-1].item()}")
+    if isinstance(contextual_len, int) and contextual_len > 0:
+        short = (lens > 0) & (lens < contextual_len)
+        if short.any():
+            b = int(torch.nonzero(short)[0])
+            raise ValueError(f"contextual_len={contextual_len} is longer than sequence {b} ({lens[b].item()} rows): "
+                             f"a contextual prefix is part of every sequence")
     longest = int(lens.max()) if lens.numel() else 0
     for hint_name, value in hints:
         if value is not None and value < longest:

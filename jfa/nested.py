@@ -49,6 +49,8 @@ def to_njt(values: torch.Tensor, offsets: torch.Tensor, *, max_len=None, min_len
     Reusing the offsets tensor of an existing NJT gives the result that NJT's ragged size ``j``.
     ``max_len``/``min_len`` (ints) are cached on the NJT when given, so later users need no host sync.
     """
+    if torch.compiler.is_compiling():  # (torch.compile traces no logging; nor does it print the notice)
+        return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_len, max_seqlen=max_len)
     log, quiet = logging.getLogger("torch.fx._symbolic_trace"), _NoFxNotice()
     log.addFilter(quiet)
     try:

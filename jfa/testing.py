@@ -114,8 +114,11 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
     """Random inputs. Self-attention when kv_lens is None; broadcast mode when broadcast_lq is an int
     (then q_lens is ignored and kv_lens gives the B sequences). out_scale="rows": a random factor per output row.
     num_targets: counts per sequence (HSTU's mask: causal self-attention), or "random" (0 to the length, all-target
-    sequences among them)."""
+    sequences among them). With a contextual_len, every non-empty sequence holds its prefix: shorter lengths are
+    raised to it (the API refuses shorter ones where it checks the offsets)."""
     g = torch.Generator().manual_seed(seed)
+    if contextual_len and isinstance(contextual_len, int) and contextual_len > 0 and q_lens is not None:
+        q_lens = [n if n == 0 else max(n, contextual_len) for n in q_lens]
     broadcast = broadcast_lq is not None
     self_attention = kv_lens is None and not broadcast
     kv_lens = q_lens if kv_lens is None else kv_lens

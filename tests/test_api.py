@@ -218,3 +218,45 @@ def test_jfa_check_covers_every_score_function_and_hstus_mask(capsys):
     assert main(["check", "--backend", "reference", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert f"{len(CPU_MODES) + len(CPU_VARIANTS)} modes and variants fwd+bwd: ok" in out, out
+
+
+@pytest.mark.parametrize("kwargs,exc,msg", [
+    (dict(causal=True, num_targets=torch.tensor([1, 2]), contextual_len=5), ValueError,
+     r"contextual_len=5 is longer than sequence 0 \(4 rows\)"),
+    (dict(causal=True, contextual_len=-1), ValueError, "contextual_len must be >= 0"),
+    (dict(causal=True, contextual_len=2.0), TypeError, "contextual_len must be a Python int"),
+    (dict(causal=True, window=(5, 3), num_targets=torch.tensor([1, 2])), ValueError,
+     r"take window=\(W, 0\).*got window=\(5, 3\)"),
+    (dict(window=(5, 0), num_targets=torch.tensor([1, 2])), ValueError, "need causal=True"),
+    (dict(causal=True, num_targets=torch.tensor([1, 2], device="meta")), ValueError,
+     "num_targets is on meta but the offsets are on cpu"),
+    (dict(activation="silu", out_scale=torch.tensor([1.0] * 9 + [float("nan")])), ValueError,
+     r"out_scale\[9\] = nan is not finite"),
+])
+def test_bad_recommendation_inputs(kwargs, exc, msg):
+    """HSTU's mask's and the per-row out scale's bad values: one clear error naming the argument (and the sequence or
+    row), never a quiet result."""
+    q, k, v = qkv()
+    with pytest.raises(exc, match=msg):
+        jfa.jagged_attention(q, k, v, OFF, **kwargs)
+
+
+def test_trusted_offsets_skip_the_value_checks_but_not_the_rule():
+    """With both max lengths for CPU offsets the values are still checked (only GPU offsets are trusted): the context
+    error stands; a sequence as long as the prefix is fine."""
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="longer than sequence 0"):
+        jfa.jagged_attention(q, k, v, OFF, causal=True, contextual_len=5, max_q_len=6, max_kv_len=6)
+    out = jfa.jagged_attention(q, k, v, OFF, causal=True, contextual_len=4, activation="silu")
+    assert torch.isfinite(out).all()
+
+
+def test_njt_targets_on_separate_offsets_say_how_to_build_them():
+    q, k, v = qkv()
+    nq = torch.nested.nested_tensor_from_jagged(q, OFF.long())
+    nk, nv = (torch.nested.nested_tensor_from_jagged(x, OFF.long().clone()) for x in (k, v))
+    with pytest.raises(ValueError, match=r"one offsets tensor.*nq.offsets\(\)"):
+        jfa.jagged_attention(nq, nk, nv, causal=True, num_targets=torch.tensor([1, 2]))
+    nk, nv = (torch.nested.nested_tensor_from_jagged(x, nq.offsets()) for x in (k, v))
+    out = jfa.jagged_attention(nq, nk, nv, causal=True, num_targets=torch.tensor([1, 2]))
+    assert out.values().shape == q.shape

@@ -169,9 +169,11 @@ def draw_lengths(batch: int, max_len: int, dist: str, seed: int) -> torch.Tensor
 
 
 def kv_lengths(w: Workload) -> torch.Tensor:
-    if w.lengths is not None:
-        return torch.tensor(w.lengths, dtype=torch.int64)
-    return draw_lengths(w.batch, w.max_len, w.dist, w.seed)
+    """The kv lengths (int64 [B]): the file's, or the recipe's; with a contextual prefix at least its length (every
+    history holds its context rows; jfa refuses a shorter sequence where it checks the offsets)."""
+    lens = torch.tensor(w.lengths, dtype=torch.int64) if w.lengths is not None else \
+        draw_lengths(w.batch, w.max_len, w.dist, w.seed)
+    return torch.clamp(lens, min=w.contextual_len) if w.contextual_len else lens
 
 
 def q_lengths(w: Workload, kv_lens: torch.Tensor) -> torch.Tensor:
