@@ -75,7 +75,8 @@ class Workload:
         if self.targets is not None and (self.mode != "self" or self.window[1] != 0):
             raise ValueError(f"workload {self.name!r}: targets need causal self-attention (window [W, 0])")
         if self.contextual_len and self.targets is None:
-            raise ValueError(f"workload {self.name!r}: contextual_len is HSTU's mask's: give targets too (0,0 for none)")
+            raise ValueError(f"workload {self.name!r}: contextual_len is HSTU's mask's: give targets too "
+                             f"(0,0 for none)")
         from ..variants import SCORE_NAMES
         if self.activation not in SCORE_NAMES:
             raise ValueError(f"workload {self.name!r}: activation must be one of {list(SCORE_NAMES)}")
