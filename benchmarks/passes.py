@@ -2,6 +2,7 @@
 and with a rebuild, the forward, Delta, the one-pass backward kernel, the two-pass backward's dK/dV pass (without
 and with the direct dQ of single-key-tile sequences) and dQ pass (whole, and skipping those sequences), and each
 whole backward (Delta, zeroing, casts included; given the longest sequence's keys, as `jfa bench`'s calls are).
+Every workload of the suite, the score functions' and HSTU's mask's included.
 
     python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100] [--calls N]
 
@@ -17,9 +18,8 @@ from triton.testing import do_bench
 
 from jfa import hopper
 from jfa.bench import suite
-from jfa.bwd_common import delta as bwd_delta
 from jfa.hopper import bwd, bwd_dq
-from jfa.hopper.config import DqRoute, fwd_config, query_tile_schedule, select_dkdv, select_dq
+from jfa.hopper.config import DqRoute, for_problem, fwd_config, query_tile_schedule, select_dkdv, select_dq
 from jfa.runtime import num_sms
 from jfa.schedule import CACHE
 
@@ -30,32 +30,34 @@ def parts(inp):
     p = inp.problem("hopper", max_kv_len=None)
     q, k = p.q, p.k
     out, lse = hopper.forward(p)
-    delta = bwd_delta(out, inp.dout, None, lse)
+    dout, delta = hopper.row_stats(p, out, lse, inp.dout, None)  # (an activation: no Delta, dO scaled per row)
     dk, dv = torch.empty_like(k), torch.empty_like(p.v)
     dq = torch.empty(out.shape, device=q.device, dtype=torch.float32 if w.broadcast else q.dtype)
     dq32 = torch.zeros(out.shape, device=q.device, dtype=torch.float32)  # sums of every timed run: unread
     cfg = fwd_config(p)
     spec = query_tile_schedule(p, p.rows, cfg.block_m, num_sms(q.device) * cfg.ctas_per_sm)
-    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
-    one_pass = select_dkdv(p.head_dim, DqRoute.REDUCE, p.rows / p.batch)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
+    one_pass = for_problem(select_dkdv(p.head_dim, DqRoute.REDUCE, p.rows / p.batch), p)
     bounded = p.replace(max_kv_len=inp.max_kv)  # as `jfa bench` calls it
 
     def rebuild():
         sched.seen.fill_(-1)  # forget the offsets: the refresh rebuilds
-        CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0])
+        CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
 
     def dkdv(route, into=None):
-        return lambda: bwd.dkdv(p, inp.dout, lse, delta, dk, dv, select_dkdv(p.head_dim, route), into)
+        cfg = for_problem(select_dkdv(p.head_dim, route), p)
+        return lambda: bwd.dkdv(p, dout, lse, delta, dk, dv, cfg, into)
 
-    timed = {"refresh (hit)": (lambda: CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0]), 0, None),
+    timed = {"refresh (hit)": (lambda: CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets), 0,
+                               None),
              "refresh (rebuild)": (rebuild, 0, None),
              "forward": (lambda: hopper.forward(p), 1, "fwd"),
-             "delta": (lambda: bwd_delta(out, inp.dout, None, lse), 0, None),
-             "one pass": (lambda: bwd.dkdv(p, inp.dout, lse, delta, dk, dv, one_pass, dq32), 1, "bwd"),
+             "delta": (lambda: hopper.row_stats(p, out, lse, inp.dout, None), 0, None),
+             "one pass": (lambda: bwd.dkdv(p, dout, lse, delta, dk, dv, one_pass, dq32), 1, "bwd"),
              "dkdv": (dkdv(DqRoute.NONE), 4 / 5, "bwd"),
              "dkdv+direct dq": (dkdv(DqRoute.DIRECT, dq), 1, "bwd"),
-             "dq": (lambda: bwd_dq.dq_pass(p, inp.dout, lse, delta, dq, select_dq(p.head_dim)), 3 / 5, "bwd"),
-             "dq (skip <= 128 keys)": (lambda: bwd_dq.dq_pass(p, inp.dout, lse, delta, dq, select_dq(p.head_dim),
+             "dq": (lambda: bwd_dq.dq_pass(p, dout, lse, delta, dq, select_dq(p.head_dim)), 3 / 5, "bwd"),
+             "dq (skip <= 128 keys)": (lambda: bwd_dq.dq_pass(p, dout, lse, delta, dq, select_dq(p.head_dim),
                                                                skip_kv=128), 0, None),
              "backward (default)": (lambda: hopper.backward(bounded, out, lse, inp.dout, None), 1, "bwd"),
              "backward (deterministic)": (lambda: hopper.backward(bounded.replace(deterministic=True), out, lse,

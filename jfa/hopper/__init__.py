@@ -35,6 +35,14 @@ def dq_buffer(shape, dtype, device, every_row_stored: bool):
     return (torch.empty if every_row_stored else torch.zeros)(shape, device=device, dtype=dtype)
 
 
+def row_stats(p: Problem, out, lse, dout, dlse):
+    """(dO as the kernels take it, Delta): softmax's Delta = rowsum(dO O) - dLSE; an activation has none (lse, with no
+    columns, stands in) and a per-row out scale is a factor of dO."""
+    if p.softmax:
+        return dout, delta(out, dout, dlse, lse)
+    return scaled_rows(dout, p), lse
+
+
 def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     """-> (dq, dk, dv) as jfa.triton.launch.backward, by plan (jfa.hopper.config.select_bwd's by default): Delta,
     the dK/dV kernel with dQ by plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode one slab of Lq
@@ -60,14 +68,11 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     # no keys anywhere (a TMA descriptor needs rows: every query saw nothing), or no queries (no key was seen)
     if k.shape[0] == 0 or rows == 0:
         return sum_broadcast_dq(dq.zero_(), q, batch, p.broadcast), dk.zero_(), dv.zero_()
-    if p.softmax:
-        d = delta(out, dout, dlse, lse)
-    else:  # no Delta; a per-row out scale is a factor of dO
-        d, dout = lse, scaled_rows(dout, p)
+    dout, d = row_stats(p, out, lse, dout, dlse)
     dkdv(p, dout, lse, d, dk, dv, plan.dkdv, dq)
     if plan.dq is not None:
         dq_pass(p, dout, lse, d, dq, plan.dq, plan.skip_kv)
     return sum_broadcast_dq(dq, q, batch, p.broadcast), dk, dv
 
 
-__all__ = ["supports", "forward", "backward", "HEAD_DIMS"]
+__all__ = ["supports", "forward", "backward", "row_stats", "HEAD_DIMS"]

@@ -163,9 +163,7 @@ def select_bwd(p: Problem) -> BwdPlan:
     short-128)."""
     batch = max(p.batch, 1)
     route = dq_route(p.head_dim, p.broadcast, p.k.shape[0] / batch, p.deterministic)
-    dkdv = select_dkdv(p.head_dim, route, p.rows / batch)
-    if p.targets:  # (HSTU's mask posts no items: fwd_config)
-        dkdv = dataclasses.replace(dkdv, posted_items=False)
+    dkdv = for_problem(select_dkdv(p.head_dim, route, p.rows / batch), p)
     if route == DqRoute.REDUCE:
         return BwdPlan(dkdv, None)
     skip_kv = dkdv.block_n if route == DqRoute.DIRECT else 0
@@ -174,9 +172,14 @@ def select_bwd(p: Problem) -> BwdPlan:
 
 
 def fwd_config(p: Problem) -> FwdConfig:
-    """select_fwd's for the problem's shape; HSTU's mask posts no items (its Item has more than a record)."""
-    cfg = select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1))
-    return dataclasses.replace(cfg, posted_items=False) if p.targets else cfg
+    """select_fwd's for the problem's shape."""
+    return for_problem(select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1)), p)
+
+
+def for_problem(cfg, p: Problem):
+    """A config chosen by shape (FwdConfig, DkdvConfig), as this problem can run it: HSTU's mask posts no items (a
+    posted record holds a window's item only: check_posted)."""
+    return dataclasses.replace(cfg, posted_items=False) if p.targets and cfg.posted_items else cfg
 
 
 def check_posted(cfg, p: Problem):
