@@ -450,3 +450,16 @@ def test_lengths_workload_takes_the_score_and_hstus_mask(tmp_path):
         suite.workload_from_lengths(path, targets=(1, 2))
     with pytest.raises(ValueError, match="activation"):
         suite.workload_from_lengths(path, activation="tanh")
+
+
+def test_ablations_still_apply(tmp_path):
+    """benchmarks/ablate.py: every ablation's edits find their text exactly once in today's kernels (a kernel
+    change that moves one makes the script fail here, not on the device), and a text found twice is refused."""
+    import runpy
+    ablate = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "ablate.py"))
+    dirs = ablate["build"](list(ablate["ABLATIONS"]), tmp_path)
+    bwd_py = "hopper/bwd.py"
+    assert "dq_writer_partition, (shape" not in (dirs["no dQ"] / "jfa" / bwd_py).read_text()
+    assert "dq_writer_partition, (shape" in (dirs["main"] / "jfa" / bwd_py).read_text()
+    with pytest.raises(ValueError, match="occurs 3 times"):
+        ablate["apply"](dirs["main"] / "jfa", [(bwd_py, "gl.warp_specialize([", "")])

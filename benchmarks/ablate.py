@@ -1,0 +1,246 @@
+"""Ablations of the Hopper one-pass backward (jfa.hopper.bwd with DqRoute.REDUCE): the same kernel with one part
+removed, each in a throwaway copy of jfa, timed with benchmarks/passes.py's "one pass" and, with --ncu, profiled
+(tensor-pipe and issue activity, the top stall lines by scripts/ncu_lines.py). What the time falls by when a part
+is gone bounds what a lever on that part can pay: run this before building one (docs/perf-notes.md keeps the
+table). An ablated kernel computes wrong gradients by design; only its time counts.
+
+    python benchmarks/ablate.py --check [--ablations NAME,...]                 (any machine: compiles for sm_90)
+    python benchmarks/ablate.py [--only WORKLOADS] [--ablations NAME,...] [--rounds 3] [--ncu] [--out DIR]
+    python benchmarks/ablate.py --list
+
+--check builds every copy and compiles its D=128 one pass for sm_90 on the CPU (wgmma count, registers, spills),
+so a stale edit or a form that does not compile costs no device time. On the GPU the copies compile in parallel,
+then the rounds time main and every ablation in turn (compare within one run only); --ncu adds one profiled
+launch of each. Output: a table on stdout; with --ncu, the reports and their summaries under --out ($OUT if set).
+"""
+import argparse
+import csv
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the writer warp, gone from the one pass's partitions (nothing may then hand it a dQ chunk)
+_NO_WRITER = ("hopper/bwd.py",
+              "                (dq_writer_partition, (shape, work, batch, dq_desc, d.stage)),\n"
+              "            ], [4, 1, 1], [240, 24, 24])",
+              "            ], [4, 1], [240, 24])")
+
+# name -> (what it removes, [(file under jfa/, text, its replacement)]): each text must occur exactly once
+ABLATIONS = {
+    "main": ("nothing (the kernel as it is)", []),
+    "no dQ": ("the dQ chunks' MMAs, the consumers' dS^T handshake for them, the hand-over and the writer warp", [
+        ("hopper/bwd_block.py",
+         "        dq = dq_chunk(it, blk.t, WG, c.kv_ops, stage, BLOCK_M)\n"
+         "        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)\n"
+         "        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))\n"
+         "        stage.free_ds(it)\n"
+         "        stage.put(WG, it, dq * grads.score[2], BLOCK_M < WG_ROWS)",
+         "        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)\n"
+         "        stage.free_ds(it)"),
+        ("hopper/bwd_block.py", "        if it % 2 == WG:\n", "        if False:\n"),
+        _NO_WRITER]),
+    "no TMA reduce": ("the writer's reduce-adds into dQ (it still drains every chunk)", [
+        ("hopper/dq_reduce.py", "async_reduce_add(dq_desc, coord, self.dq.index(slot))", "pass")]),
+    "no exp": ("the exponential of P (P = the scaled S minus LSE)", [
+        ("variants.py", "p = tl.exp2(s * score[0] - lse2)", "p = s * score[0] - lse2")]),
+    "no LSE/Delta loads": ("the producer's global loads of the rows' LSE and Delta (the consumers read stale ones)", [
+        ("hopper/bwd.py", "if (stats is not None) and variants.has_lse(shape.SCORE):", "if False:")]),
+    "producer only": ("every consumer's math: each block is waited for and released, no writer", [
+        ("hopper/bwd.py",
+         "                    dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,\n"
+         "                                             DIRECT=DIRECT)",
+         "                    c.qdo.wait(blk.it)\n"
+         "                    c.qdo.release(blk.it)"),
+        _NO_WRITER]),
+    "ring always full": ("the (Q, dO) ring's TMA loads: a slot is ready once claimed (the forward's too)", [
+        ("hopper/buffers.py",
+         "            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)\n"
+         "            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)",
+         "            mbarrier.arrive(self.a_ready.index(slot), count=1)\n"
+         "            mbarrier.arrive(self.b_ready.index(slot), count=1)"),
+        ("hopper/buffers.py",
+         "            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)\n"
+         "        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))\n"
+         "        tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))",
+         "            mbarrier.arrive(self.a_ready.index(slot), count=1)")]),
+}
+
+DEFAULT_WORKLOADS = "self-skewed-8k,causal-skewed-4k"  # D=128, where jfa's backward trails FA4
+_TIME = re.compile(r"^(\S+)\s+one pass ([\d.]+) ms(?: (\d+) TF/s)?")
+# ncu's details lines worth a table column, and its raw metrics for the tensor pipe and issue slots
+_DETAILS = re.compile(r"Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|"
+                      r"Warp Cycles Per Issued Instruction|Registers Per Thread|DRAM Throughput")
+_RAW = re.compile(r"pipe_tensor.*pct|issue_active.*pct|inst_issued.*pct")
+
+
+def apply(src: Path, edits) -> None:
+    """The edits, in place, on the copy of jfa at src; a text not found exactly once is an error (the kernel
+    changed under the ablation: update its text here)."""
+    for rel, old, new in edits:
+        path = src / rel
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise ValueError(f"{rel}: the ablated text occurs {text.count(old)} times, not once:\n{old}")
+        path.write_text(text.replace(old, new))
+
+
+def build(names, into: Path) -> dict:
+    """name -> a directory holding that ablation's copy of jfa (for PYTHONPATH)."""
+    dirs = {}
+    for i, name in enumerate(names):
+        d = into / f"a{i}"
+        shutil.copytree(ROOT / "jfa", d / "jfa", ignore=shutil.ignore_patterns("__pycache__"))
+        apply(d / "jfa", ABLATIONS[name][1])
+        dirs[name] = d
+    return dirs
+
+
+def _run(cmd, path: Path, timeout: int, **env) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(path), **env)  # (run in path: no other jfa ahead of the copy)
+    try:
+        return subprocess.run(cmd, env=env, cwd=path, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:  # (a protocol bug in an ablation hangs its kernel)
+        return subprocess.CompletedProcess(cmd, 124, e.stdout or "", f"timed out after {timeout} s")
+
+
+_CHECK = """
+import torch
+from jfa.hopper.aot import compile_dkdv
+from jfa.hopper.config import DqRoute, select_dkdv
+r = compile_dkdv(128, torch.bfloat16, cfg=select_dkdv(128, DqRoute.REDUCE))
+print(f"wgmma {r.wgmma}, regs {r.registers}, spill {r.spill_bytes} B")
+"""
+
+
+def check(dirs: dict) -> int:
+    def one(item):
+        name, d = item
+        r = _run([sys.executable, "-c", _CHECK], d, 900, TRITON_INTERPRET="0")
+        last = (r.stdout.strip().splitlines() or r.stderr.strip().splitlines() or ["?"])[-1]
+        return name, r.returncode, last
+    failed = 0
+    with ThreadPoolExecutor(2) as pool:
+        for name, rc, last in pool.map(one, dirs.items()):
+            print(f"{name:<20} {'ok' if rc == 0 else f'FAILED (rc {rc})'}: {last}", flush=True)
+            failed += rc != 0
+    return 1 if failed else 0
+
+
+def _passes(only: str, *extra) -> list:
+    return [sys.executable, str(ROOT / "benchmarks" / "passes.py"), "--only", only, "--parts", "one pass", *extra]
+
+
+def time_rounds(dirs: dict, only: str, rounds: int, rep_ms: int) -> dict:
+    """(ablation, workload) -> [ms per round]. Every copy is compiled first, in parallel (one call each)."""
+    with ThreadPoolExecutor(len(dirs)) as pool:
+        warm = dict(zip(dirs, pool.map(lambda d: _run(_passes(only, "--calls", "1"), d, 500), dirs.values())))
+    times = {}
+    for r in range(rounds):
+        for name, d in dirs.items():
+            if warm[name].returncode != 0:
+                continue
+            out = _run(_passes(only, "--rep-ms", str(rep_ms)), d, 300)
+            for line in out.stdout.splitlines():
+                m = _TIME.match(line)
+                if m:
+                    times.setdefault((name, m.group(1)), []).append(float(m.group(2)))
+            if out.returncode != 0:
+                print(f"{name}: round {r + 1} rc {out.returncode}: {out.stderr.strip()[-300:]}", flush=True)
+    for name, w in warm.items():
+        if w.returncode != 0:
+            print(f"{name}: FAILED to run (rc {w.returncode}): {w.stderr.strip()[-600:]}", flush=True)
+    return times
+
+
+def table(times: dict, names, workloads) -> str:
+    lines = ["| ablation | removes | " + " | ".join(f"{w} ms (x main)" for w in workloads) + " |",
+             "|---|---|" + "---|" * len(workloads)]
+    for name in names:
+        cells = []
+        for w in workloads:
+            ms, base = times.get((name, w)), times.get(("main", w))
+            if not ms:
+                cells.append("failed")
+                continue
+            med = statistics.median(ms)
+            ratio = f" ({med / statistics.median(base):.2f})" if base else ""
+            cells.append(f"{med:.2f}{ratio}")
+        lines.append(f"| {name} | {ABLATIONS[name][0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def profile(dirs: dict, workloads, out: Path) -> None:
+    """One ncu launch (the second one-pass call) per ablation and workload: its details, the tensor-pipe and
+    issue metrics, and the top stall lines, summarized into out/ablate-ncu.txt."""
+    summary = []
+    for name, d in dirs.items():
+        for w in workloads:
+            tag = re.sub(r"\W+", "_", f"{name}-{w}")
+            rep = out / f"ablate-{tag}"
+            r = _run(["ncu", "--set", "full", "--import-source", "no", "--clock-control", "none", "--kernel-name",
+                      "regex:hopper_dkdv", "--launch-skip", "1", "--launch-count", "1", "-f", "-o", str(rep),
+                      *_passes(w, "--calls", "2")], d, 400)
+            summary.append(f"== {name} / {w} (ncu rc {r.returncode})")
+            if r.returncode != 0:
+                summary.append(r.stderr.strip()[-600:])
+                continue
+            report = f"{rep}.ncu-rep"
+            details = _run(["ncu", "-i", report, "--page", "details"], d, 120).stdout
+            summary += [line.strip() for line in details.splitlines() if _DETAILS.search(line)]
+            raw = _run(["ncu", "-i", report, "--page", "raw", "--csv"], d, 120).stdout.splitlines()
+            if len(raw) >= 3:  # header, units, one launch
+                head, _, row = list(csv.reader(raw[:3]))
+                summary += [f"{k} = {v}" for k, v in zip(head, row) if _RAW.search(k)]
+            src = out / f"ablate-{tag}.csv"
+            src.write_text(_run(["ncu", "-i", report, "--page", "source", "--csv", "--print-source", "sass"], d,
+                                300).stdout)
+            summary.append(_run([sys.executable, str(ROOT / "scripts" / "ncu_lines.py"), str(src), "12"], d,
+                                120).stdout)
+            print(summary[-1][:200], flush=True)
+    (out / "ablate-ncu.txt").write_text("\n".join(summary) + "\n")
+    print("\n".join(summary))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=DEFAULT_WORKLOADS, help="comma-separated D=128 suite workloads")
+    p.add_argument("--ablations", help="comma-separated names (default: all; main is always run)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--check", action="store_true", help="compile every ablated one pass for sm_90 (no GPU)")
+    p.add_argument("--ncu", action="store_true", help="also profile one launch of each")
+    p.add_argument("--out", default=os.environ.get("OUT", "ablate-out"), help="where --ncu's reports go")
+    p.add_argument("--list", action="store_true", help="the ablations and what each removes")
+    args = p.parse_args(argv)
+    if args.list:
+        for name, (what, _) in ABLATIONS.items():
+            print(f"{name:<20} {what}")
+        return 0
+    names = ["main"] + [n for n in (args.ablations.split(",") if args.ablations else ABLATIONS) if n != "main"]
+    unknown = [n for n in names if n not in ABLATIONS]
+    if unknown:
+        print(f"unknown ablation(s) {', '.join(unknown)}; --list names them", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="jfa-ablate-") as tmp:
+        dirs = build(names, Path(tmp))
+        if args.check:
+            return check(dirs)
+        workloads = args.only.split(",")
+        print(table(time_rounds(dirs, args.only, args.rounds, args.rep_ms), names, workloads), flush=True)
+        if args.ncu:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            profile(dirs, workloads, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
