@@ -177,6 +177,8 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     c0 = Consumer(shape, kv_ops, qdo, grads, batch, 0)
     c1 = Consumer(shape, kv_ops, qdo, grads, batch, 1)
+    # three literal partition lists: triton 3.6 turns a list, or a None, held in a variable into tensors, which
+    # cannot carry the partitions' functions (tried: such a shared list does not compile)
     if not CFG.one_pass:  # (DqRoute.NONE: the dQ pass computes dQ)
         gl.warp_specialize([
             (_dkdv_partition, (c0, work, None, False)),
