@@ -1,8 +1,8 @@
 """``jfa info | check | demo | bench``: what is here, is it correct here, show it, and how fast.
 
     jfa info    versions, the device, the backends available
-    jfa check   the correctness matrix on this device (every backend x mode x dtype x head dim, fwd + bwd; each score
-                function and HSTU's mask once per backend, dtype and head dim)
+    jfa check   the correctness matrix on this device, fwd + bwd, every backend: each mode, score function and HSTU's
+                mask at one dtype and head dim, and every dtype and head dim once (--full: all crossed)
     jfa demo    a small GEM-like jagged batch through the best backend, checked against the reference
     jfa bench   the benchmark suite against the peers (see jfa.bench)
 """
@@ -20,7 +20,7 @@ from jfa import bench
 from jfa.backends import BACKENDS, available_backends, select
 from jfa.testing import CPU_MODES as MODES  # the correctness matrix: the named modes on awkward lengths
 from jfa.testing import CPU_VARIANTS as VARIANTS  # and the score functions and HSTU's mask
-from jfa.testing import compare, make_case, run_backend
+from jfa.testing import compare, each_once, make_case, run_backend
 
 
 def _device() -> torch.device:
@@ -51,38 +51,48 @@ def info(_args) -> int:
 
 
 def check(args) -> int:
+    """Each mode and variant at the flagship dtype and head dim, and every other dtype and head dim once (in causal
+    mode): what a kernel form depends on is covered without crossing it all (--full crosses it all: on the GPU,
+    minutes of compiling)."""
     dev = _device()
     if dev.type == "cuda":
-        dtypes, dims = (torch.bfloat16, torch.float16, torch.float32), (32, 64, 96, 128, 256)
+        dtypes, dims, flagship = (torch.bfloat16, torch.float16, torch.float32), (32, 64, 96, 128, 256), 128
     else:
-        dtypes, dims = (torch.float32, torch.bfloat16), (64,)
+        dtypes, dims, flagship = (torch.float32, torch.bfloat16), (64,), 64
     if args.dtype:
         dtypes = tuple(getattr(torch, name) for name in args.dtype.split(","))
     backends = [b for b in BACKENDS if b != "reference"] if not args.backend else args.backend.split(",")
     cases = {**MODES, **VARIANTS}
-    print(f"jfa check on {torch.cuda.get_device_name(0) if dev.type == 'cuda' else 'CPU'}: "
-          f"{len(backends)} backend(s) x ({len(MODES)} modes + {len(VARIANTS)} variants: each score function, HSTU's "
-          f"mask) x {len(dtypes)} dtypes x {len(dims)} head dims")
+    shapes = [(dtype, d) for dtype in dtypes for d in dims]
+    if args.full:
+        runs = [(mode, shape) for shape in shapes for mode in cases]
+    else:
+        runs = each_once(list(cases), shapes, "causal", (dtypes[0], flagship if flagship in dims else dims[0]))
+    print(f"jfa check on {torch.cuda.get_device_name(0) if dev.type == 'cuda' else 'CPU'}: {len(backends)} backend(s); "
+          f"{len(MODES)} modes + {len(VARIANTS)} variants (each score function, HSTU's mask) "
+          + ("x every dtype and head dim" if args.full else
+             f"at {str(runs[0][1][0])[6:]} D={runs[0][1][1]}, and every dtype and head dim in causal mode"), flush=True)
     failures = total = 0
     for backend in backends:
-        for dtype in dtypes:
-            for d in dims:
-                if not BACKENDS[backend].supports(dev, d, dtype):
-                    print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} not supported here: skipped")
-                    continue
-                bad = []
-                for mode, kw in cases.items():
-                    case = make_case(**kw, d=d, dtype=dtype, device=dev, seed=d + len(mode))
-                    total += 1
-                    out, lse, grads = run_backend(case, backend)
-                    errs = compare(case, out, lse, grads)
-                    if errs:
-                        bad.append(f"{mode}: {errs[0]}")
-                failures += len(bad)
-                status = "ok" if not bad else f"FAIL ({len(bad)})"
-                print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} {len(cases)} modes and variants fwd+bwd: {status}")
-                for line in bad:
-                    print(f"      {line}")
+        for shape in dict.fromkeys(shape for _, shape in runs):
+            dtype, d = shape
+            if not BACKENDS[backend].supports(dev, d, dtype):
+                print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} not supported here: skipped", flush=True)
+                continue
+            t0, bad = time.perf_counter(), []
+            group = [mode for mode, s in runs if s == shape]
+            for mode in group:
+                case = make_case(**cases[mode], d=d, dtype=dtype, device=dev, seed=d + len(mode))
+                total += 1
+                errs = compare(case, *run_backend(case, backend))
+                if errs:
+                    bad.append(f"{mode}: {errs[0]}")
+            failures += len(bad)
+            what = f"{len(group)} modes and variants" if len(group) > 1 else group[0]
+            print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} {what} fwd+bwd: {'ok' if not bad else f'FAIL ({len(bad)})'}"
+                  f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for line in bad:
+                print(f"      {line}")
     print(f"{total - failures}/{total} passed")
     return 1 if failures else 0
 
@@ -136,7 +146,9 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="versions, device, backends").set_defaults(fn=info)
     p = sub.add_parser("check", help="the correctness matrix on this device")
     p.add_argument("--backend", help="comma-separated backends (default: all but the reference)")
-    p.add_argument("--dtype", help="comma-separated dtypes, e.g. float32 (default: all for the device)")
+    p.add_argument("--dtype", help="comma-separated dtypes, e.g. float32 (default: all for the device; the first one "
+                   "takes every mode)")
+    p.add_argument("--full", action="store_true", help="every mode and variant at every dtype and head dim")
     p.set_defaults(fn=check)
     sub.add_parser("demo", help="a GEM-like batch through the best backend, checked").set_defaults(fn=demo)
     p = sub.add_parser("bench", help="the benchmark suite against the peers")
