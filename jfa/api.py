@@ -39,13 +39,17 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             query i of f(scale * q_i . k_j) v_j`` (GDPA; HSTU's attention is silu with out_scale 1 / N).
         out_scale: with an activation, a float or a float32 tensor ``[Tq]`` on q's device (one factor per output
             row), a constant (no gradient).
-        num_targets, contextual_len: HSTU's mask for generative recommenders (self-attention, causal=True): the last
+        num_targets, contextual_len: HSTU's mask for generative recommenders (causal=True): the last
             ``num_targets[b]`` rows of sequence b (an int tensor ``[B]`` on the offsets' device) are targets, which
             see the history and themselves and never each other, and the history never sees them; the first
             ``contextual_len`` rows (an int) are a contextual prefix that every row sees and that sees the whole
             history; ``window=(W, 0)`` bounds the distance in HSTU's positions. The rule: jfa.jagged.target_mask.
-            Where the offsets are checked, a prefix longer than a (non-empty) sequence is an error; where they are
-            trusted (both max lengths for GPU offsets) such a sequence is all prefix, as the rule says.
+            A sequence's rows are its keys; in cross-attention (serving: new rows against a cached history and
+            themselves, HSTU's cached attention) its queries are its last rows, at most as many as its keys, and
+            each query's score is the one its row has in self-attention over the whole sequence.
+            Where the offsets are checked, a prefix longer than a (non-empty) sequence, or more queries than keys,
+            is an error; where they are trusted (both max lengths for GPU offsets) such a sequence is all prefix,
+            as the rule says, and the results of a sequence with more queries than keys are unspecified.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]`` (softmax only).
         backend: "auto", "reference", "triton" or "hopper".
         deterministic: the backward gives the same bits run to run (the hopper backend's default backward adds
@@ -60,10 +64,6 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
-        if (num_targets is not None or contextual_len) and kv_offsets is not None:  # (None: one offsets tensor)
-            raise ValueError("num_targets / contextual_len need self-attention: q, k and v must be NJTs on one offsets "
-                             "tensor (torch.nested.nested_tensor_from_jagged(x, offsets) with the same offsets for "
-                             "all three, or nk = torch.nested.nested_tensor_from_jagged(k_values, nq.offsets()))")
         result = jagged_attention(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len,
                                   return_lse=return_lse, **options)
         out = nested.to_njt(result[0] if return_lse else result, q_offsets, max_len=max_q_len)
@@ -102,7 +102,10 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
                                         options.get("num_targets"), options.get("contextual_len", 0))
         else:
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
-            checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)])
+            checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)],
+                                        options.get("num_targets"), options.get("contextual_len", 0))
+            if options.get("num_targets") is not None or options.get("contextual_len", 0):
+                checks.check_last_rows(q_offsets, kv_offsets)
     return _finish(q, k, v, q_offsets, kv_offsets, False, max_q_len, max_kv_len, **options)
 
 
@@ -166,8 +169,7 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     """The checks every call shares, then the Problem."""
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
-    num_targets = checks.check_targets(num_targets, contextual_len, causal, window, broadcast,
-                                       q_offsets is kv_offsets, q_offsets)
+    num_targets = checks.check_targets(num_targets, contextual_len, causal, window, broadcast, kv_offsets)
     scale = checks.check_scale(scale, q.shape[2])
     checks.check_activation(activation)
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]

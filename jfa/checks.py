@@ -114,9 +114,11 @@ def check_out_scale(out_scale, activation, rows, device, values=True):
     return float(out_scale), None
 
 
-def check_targets(num_targets, contextual_len, causal, window, broadcast, self_attention, offsets):
+def check_targets(num_targets, contextual_len, causal, window, broadcast, offsets):
     """HSTU's mask's arguments (jfa.jagged.target_mask) -> num_targets as the kernels take it (a contextual prefix
-    alone: zero targets), or None. Their values are checked with the offsets' (check_offsets_values)."""
+    alone: zero targets), or None. Their values are checked with the offsets' (check_offsets_values: the kv
+    offsets', whose sequences the targets count; in cross-attention the queries are each sequence's last rows,
+    check_last_rows)."""
     if isinstance(contextual_len, bool) or not isinstance(contextual_len, int):
         raise TypeError(f"contextual_len must be a Python int, got {contextual_len!r}")
     if contextual_len < 0:
@@ -126,9 +128,6 @@ def check_targets(num_targets, contextual_len, causal, window, broadcast, self_a
         return None
     if broadcast:
         raise ValueError("num_targets / contextual_len are for self-attention over histories, not broadcast q")
-    if not self_attention:
-        raise ValueError("num_targets / contextual_len need self-attention (kv_offsets=None): targets are the last "
-                         "rows of each sequence")
     if not causal:
         raise ValueError("num_targets / contextual_len need causal=True (HSTU's mask is causal; window=(W, 0) "
                          "bounds its distance)")
@@ -147,6 +146,19 @@ def check_targets(num_targets, contextual_len, causal, window, broadcast, self_a
     if num_targets.device != offsets.device:
         raise ValueError(f"num_targets is on {num_targets.device} but the offsets are on {offsets.device}")
     return num_targets
+
+
+def check_last_rows(q_offsets, kv_offsets):
+    """HSTU's mask in cross-attention: each sequence's queries are its last rows (serving: the new rows against the
+    cached history and themselves), so no sequence has more queries than keys. (Where the offsets' values are not
+    checked, such a sequence's results are unspecified.)"""
+    lq = (q_offsets[1:] - q_offsets[:-1]).cpu()
+    lk = (kv_offsets[1:] - kv_offsets[:-1]).cpu()
+    bad = lq > lk
+    if bad.any():
+        b = int(torch.nonzero(bad)[0])
+        raise ValueError(f"num_targets / contextual_len in cross-attention take each sequence's last rows as queries "
+                         f"(HSTU's cached attention): sequence {b} has {lq[b].item()} queries but {lk[b].item()} keys")
 
 
 def check_return_lse(return_lse, activation):

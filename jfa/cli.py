@@ -89,8 +89,9 @@ def check(args) -> int:
                     bad.append(f"{mode}: {errs[0]}")
             failures += len(bad)
             what = f"{len(group)} modes and variants" if len(group) > 1 else group[0]
-            print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} {what} fwd+bwd: {'ok' if not bad else f'FAIL ({len(bad)})'}"
-                  f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            status = "ok" if not bad else f"FAIL ({len(bad)})"
+            print(f"  {backend:<9} {str(dtype)[6:]:>8} D={d:<4} {what} fwd+bwd: {status}  "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
             for line in bad:
                 print(f"      {line}")
     print(f"{total - failures}/{total} passed")

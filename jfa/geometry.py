@@ -7,14 +7,18 @@ changes (docs/hopper.md, "Adding an attention variant").
 
 Two tuples carry what the mask needs, so that a mask with more parameters changes where they are made (mask_rule,
 sequence), not the kernels that pass them through:
-  mask        the kernels' run-time mask group, as the launchers pass it (jfa.problem.Problem.mask_args): the
-              per-sequence tensor (HSTU's target counts, or None), then the scalars (left, right, contextual_len)
+  mask        the kernels' mask group, as the launchers pass it (mask_group, from jfa.problem.Problem.mask_args): the
+              per-sequence tensor (HSTU's target counts, or None), the scalars (left, right, contextual_len), then
+              LAST_ROWS, a constexpr
   rule        the mask's parameters (mask_rule, once per kernel): a Rule, its kind named (rule.KIND, a constexpr
               that survives returns, which a tuple's elements do not) and its parameters (rule.p):
               WINDOW, (LEFT, RIGHT): key j is visible to query i when i' - LEFT <= j <= i' + RIGHT, i' = i + shift;
                 unbounded sides arrive as jfa.jagged.UNBOUNDED (2**30), so no branch is needed;
-              TARGETS, (W, RIGHT, c, num_targets): HSTU's mask (jfa.jagged.target_mask: self-attention, causal),
-                the window over positions, the contextual prefix's length, the target counts
+              TARGETS, (W, RIGHT, c, num_targets): HSTU's mask (jfa.jagged.target_mask: causal), the window over
+                positions, the contextual prefix's length, the target counts; its rows are the sequence's keys, and
+                with rule.LAST_ROWS (cross-attention: serving, HSTU's cached attention) the queries are the last Lq
+                of them, query i at row i + shift (bottom-right); without it (self-attention) shift is a constant 0,
+                so that self-attention's kernels compile as if no shift existed (_rows)
   seq         one sequence's values (sequence): its lengths (Lq, Lk), and with TARGETS its targets (Lq, Lk, T)
 
 Glossary (all kernels):
@@ -45,13 +49,20 @@ class Rule:
     compile-time constant wherever the rule goes (a tuple's constexprs become tensors when assigned or returned)."""
     KIND: tl.constexpr
     p: (tl.tuple, tuple)  # (a plain tuple in Triton's interpreter)
+    LAST_ROWS: tl.constexpr  # TARGETS: the queries are each sequence's last rows (see the module doc)
 
     @triton.constexpr_function
-    def __init__(self, KIND, p):
+    def __init__(self, KIND, p, LAST_ROWS=False):
         self.KIND = tl.constexpr(KIND)
+        self.LAST_ROWS = tl.constexpr(bool(LAST_ROWS))
         # (a scalar equal to 1 arrives as a constexpr, unwrapped to an int here: an aggregate's tuple holds Triton
         # values, so it is wrapped again; the interpreter's plain tuple holds anything)
         self.p = p if isinstance(p, tuple) else tl.tuple([tl.constexpr(x) if isinstance(x, int) else x for x in p])
+
+
+def mask_group(num_targets, scalars, last_rows: bool) -> tuple:
+    """A kernel's mask group (see the module doc): what the launchers pass, mask_rule reads."""
+    return (num_targets, *scalars, tl.constexpr(bool(last_rows)))
 
 
 @triton.jit
@@ -61,7 +72,7 @@ def mask_rule(mask):
     if mask[0] is None:
         return Rule(WINDOW, (mask[1], mask[2]))
     else:
-        return Rule(TARGETS, (mask[1], mask[2], mask[3], mask[0]))
+        return Rule(TARGETS, (mask[1], mask[2], mask[3], mask[0]), mask[4])
 
 
 
@@ -91,21 +102,35 @@ def mirror(seq, rule):
 
 
 @triton.jit
+def _rows(seq, rule):
+    """HSTU's mask: (n, shift), the sequence's rows and query i's row in it, i + shift (see the module doc)."""
+    if rule.LAST_ROWS:
+        return seq[1], seq[1] - seq[0]
+    else:
+        return seq[0], 0
+
+
+@triton.jit
 def _causal_window(seq, rule):
-    """HSTU's mask's window on positions as a WINDOW rule of the sequence's n rows (where the two agree)."""
-    return (seq[0], seq[0]), Rule(WINDOW, (rule.p[0], rule.p[1]))
+    """HSTU's mask's window on positions as a WINDOW rule of the sequence (where the two agree)."""
+    n, shift = _rows(seq, rule)
+    return (n - shift, n), Rule(WINDOW, (rule.p[0], rule.p[1]))
 
 
 @triton.jit
 def _position(x, seq, rule):
-    """HSTU's position of rows x (jfa.jagged.target_mask), the history's end U (every target sits there), c - 1."""
+    """HSTU's position of the sequence's rows x (jfa.jagged.target_mask; a query's row is i + shift), the history's
+    end U (every target sits there), c - 1."""
+    n, _ = _rows(seq, rule)
     c1 = tl.maximum(rule.p[2] - 1, 0)
-    u = seq[0] - seq[2] - c1
+    u = n - seq[2] - c1
     return tl.minimum(tl.maximum(x - c1, 0), u), u, c1
 
 
 @triton.jit
 def _target_rule(i, j, seq, rule):
+    _, shift = _rows(seq, rule)
+    i = i + shift
     pi, u, c1 = _position(i, seq, rule)
     pj, _, _ = _position(j, seq, rule)
     d = pi - pj
@@ -117,9 +142,11 @@ def _target_rule(i, j, seq, rule):
 def _target_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """HSTU's mask: keys [lo, hi) (lo aligned down to BLOCK_N) holding every key queries [m0, m0 + BLOCK_M) see:
     from the first row's window (a context row's: 0) to the last row's diagonal (with context rows: the history's
-    end)."""
-    n, c = seq[0], rule.p[2]
-    m_last = tl.minimum(m0 + BLOCK_M, n) - 1
+    end). (Rows as the sequence's from here: m0 and m_last shifted.)"""
+    n, shift = _rows(seq, rule)
+    c = rule.p[2]
+    m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift
+    m0 = m0 + shift
     p0, u, c1 = _position(m0, seq, rule)
     lo_key = tl.where((m0 < c) | (p0 - rule.p[0] <= 0), 0, p0 - rule.p[0] + c1)
     lo_key = tl.where(u > 0, lo_key, m0)  # no history position: every row sees itself alone
@@ -133,7 +160,8 @@ def _target_queries(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
     prefix end) (aligned up to BLOCK_M; 0 when none, or when they join [lo, hi)), then from the first key's diagonal
     (lo aligned down to BLOCK_M) to the last query that sees a history key of the tile (every target, unless the
     window ends first), or the tile's last target key's diagonal."""
-    n, c = seq[0], rule.p[2]
+    n, shift = _rows(seq, rule)  # (found as the sequence's rows, returned as query rows)
+    c = rule.p[2]
     h = n - seq[2]  # the history's end: keys from h on are targets, seen by themselves alone
     k_last = tl.minimum(n0 + BLOCK_N, n) - 1
     has_history = n0 < h
@@ -141,9 +169,12 @@ def _target_queries(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
     i_max = tl.where(pjh + rule.p[0] >= u, n - 1, pjh + rule.p[0] + c1)
     i_max = tl.where(u > 0, i_max, tl.minimum(k_last, h - 1))  # no history position: itself alone
     hi = tl.where(has_history, i_max + 1, 0)
-    hi = tl.minimum(tl.maximum(hi, tl.where(k_last >= h, k_last + 1, 0)), n)
-    lo = (n0 // BLOCK_M) * BLOCK_M
-    pre = tl.where(has_history & (c > 0) & (u > 0), tl.cdiv(c, BLOCK_M) * BLOCK_M, 0)
+    hi = tl.minimum(tl.maximum(hi, tl.where(k_last >= h, k_last + 1, 0)), n) - shift
+    if rule.LAST_ROWS:  # (the first key's diagonal may lie before the first query row)
+        lo = (tl.maximum(n0 - shift, 0) // BLOCK_M) * BLOCK_M
+    else:
+        lo = (n0 // BLOCK_M) * BLOCK_M
+    pre = tl.where(has_history & (c > shift) & (u > 0), tl.cdiv(c - shift, BLOCK_M) * BLOCK_M, 0)
     joined = pre >= lo
     return tl.where(joined, 0, pre), tl.where(joined, 0, lo), hi
 
@@ -194,12 +225,13 @@ def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOC
     """HSTU's mask is the causal window's on positions; rows in [c, U's row) and keys from c on see each other as the
     causal window says (p(i) - p(j) = i - j): there its full blocks, else none (a tile with context or target rows
     is masked whole)."""
-    n, c = seq[0], rule.p[2]
-    m_last = tl.minimum(m0 + BLOCK_M, n) - 1
+    n, shift = _rows(seq, rule)
+    c = rule.p[2]
+    m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1
     seq_w, rule_w = _causal_window(seq, rule)
     j_lo, j_hi = full_blocks(m0, lo, n_blocks, seq_w, rule_w, BLOCK_M, BLOCK_N)
     j_lo = tl.maximum(j_lo, tl.where(c > lo, tl.cdiv(c - lo, BLOCK_N), 0))
-    plain = (m0 >= c) & (m_last < n - seq[2])
+    plain = (m0 + shift >= c) & (m_last + shift < n - seq[2])
     j_lo = tl.where(plain, tl.minimum(j_lo, n_blocks), 0)
     return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)
 
@@ -207,14 +239,15 @@ def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOC
 @triton.jit
 def _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """_target_full_blocks transposed: keys in [c, the history's end), the window's full query blocks, and with a
-    bounded window only those below the targets (whose window starts at the history's end)."""
-    n, c = seq[0], rule.p[2]
+    bounded window only those below the targets (whose window starts at the history's end: query row h - shift)."""
+    n, shift = _rows(seq, rule)
+    c = rule.p[2]
     h = n - seq[2]
     k_last = tl.minimum(n0 + BLOCK_N, n) - 1
     seq_w, rule_w = _causal_window(seq, rule)
     seq_t, rule_t = mirror(seq_w, rule_w)
     j_lo, j_hi = full_blocks(n0, lo, n_blocks, seq_t, rule_t, BLOCK_N, BLOCK_M)
-    j_hi = tl.where(rule.p[0] < 1 << 30, tl.minimum(j_hi, tl.maximum(h - lo, 0) // BLOCK_M), j_hi)
+    j_hi = tl.where(rule.p[0] < 1 << 30, tl.minimum(j_hi, tl.maximum(h - shift - lo, 0) // BLOCK_M), j_hi)
     plain = (n0 >= c) & (k_last < h)
     j_lo = tl.where(plain, j_lo, 0)
     return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)

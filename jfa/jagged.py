@@ -53,7 +53,8 @@ def pair_mask(i, j, q_len, kv_len, left: int, right: int) -> torch.Tensor:
 
 def target_mask(i, j, n, num_targets, contextual_len: int, window: int) -> torch.Tensor:
     """HSTU's mask (generative recommenders: targets, a contextual prefix, a window over positions), on
-    broadcastable tensors, for a sequence of n rows (self-attention, causal) whose last num_targets rows are targets:
+    broadcastable tensors of positions i (queries) and j (keys), for a sequence of n rows (causal) whose last
+    num_targets rows are targets:
 
         p(x) = x if c == 0, else max(x - c + 1, 0);  U = n - T if c == 0, else n - T - c + 1;  p(x) = min(p(x), U)
         visible = (i == j) or (p(i) - p(j) > 0)
@@ -61,7 +62,9 @@ def target_mask(i, j, n, num_targets, contextual_len: int, window: int) -> torch
         with c > 0:            visible = visible or (p(i) == 0 and p(j) < U)
 
     (c = contextual_len, T = num_targets, W = window: -1 or UNBOUNDED for none). Targets see the history and
-    themselves, never each other; history never sees targets. With T = 0 and c = 0 this is the causal window."""
+    themselves, never each other; history never sees targets. With T = 0 and c = 0 this is the causal window.
+    In cross-attention the queries are the sequence's last rows (visible_mask), as HSTU serves: a cached history's
+    keys and values, and the new rows' queries (its cached attention takes the full mask's last rows)."""
     c1 = max(contextual_len - 1, 0)
     u = torch.as_tensor(n - num_targets - c1)
     pi = torch.minimum(torch.clamp(i - c1, min=0), u)
@@ -78,11 +81,14 @@ def target_mask(i, j, n, num_targets, contextual_len: int, window: int) -> torch
 
 def visible_mask(q_len: int, kv_len: int, left: int, right: int, device=None, targets=None) -> torch.Tensor:
     """Boolean ``[q_len, kv_len]``: which keys each query of one sequence sees; targets = (num_targets,
-    contextual_len) for HSTU's mask (target_mask: left is its window, the sequence causal self-attention)."""
+    contextual_len) for HSTU's mask (target_mask: left is its window, the sequence's rows are its kv_len keys and
+    the queries its last q_len rows, q_len <= kv_len; targets count the sequence's rows)."""
     i = torch.arange(q_len, device=device).unsqueeze(1)
     j = torch.arange(kv_len, device=device).unsqueeze(0)
     if targets is not None:
-        return target_mask(i, j, q_len, targets[0], targets[1], left)
+        if q_len > kv_len:
+            raise ValueError(f"HSTU's mask takes a sequence's last rows as queries: {q_len} queries, {kv_len} keys")
+        return target_mask(i + (kv_len - q_len), j, kv_len, targets[0], targets[1], left)
     return pair_mask(i, j, q_len, kv_len, left, right)
 
 
@@ -103,24 +109,26 @@ def visible_counts_per_row(q_lens: torch.Tensor, kv_lens: torch.Tensor, left: in
 
 def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1, targets=None) -> int:
     """Exact number of visible (query, key) pairs of a batch: the FLOP count's unit (4*Hq*D per pair fwd);
-    targets = (num_targets [B], contextual_len) for HSTU's mask (per sequence, from target_mask)."""
+    targets = (num_targets [B], contextual_len) for HSTU's mask (per sequence, from target_mask: the queries are
+    each sequence's last rows)."""
     q_lens = torch.as_tensor(q_lens)
     kv_lens = torch.as_tensor(kv_lens)
     if targets is not None:
         num_targets, c = torch.as_tensor(targets[0]).long().tolist(), targets[1]
-        return sum(_target_pairs(n, t, c, left) for n, t in zip(q_lens.long().tolist(), num_targets))
+        return sum(_target_pairs(n, t, c, left, lq)
+                   for lq, n, t in zip(q_lens.long().tolist(), kv_lens.long().tolist(), num_targets))
     return int(visible_counts_per_row(q_lens, kv_lens, left, right).sum())
 
 
-def _target_pairs(n: int, t: int, c: int, window: int) -> int:
-    """Visible pairs of target_mask in one sequence, counted row by row from the positions (the mask itself where
-    the history has no position, U <= 0)."""
+def _target_pairs(n: int, t: int, c: int, window: int, q_len: int) -> int:
+    """Visible pairs of target_mask in one sequence of n rows whose last q_len rows are queries, counted row by row
+    from the positions (the mask itself where the history has no position, U <= 0)."""
     c1 = max(c - 1, 0)
     u = n - t - c1
-    if n == 0:
+    if n == 0 or q_len == 0:
         return 0
     if u <= 0:
-        return int(visible_mask(n, n, window, 0, targets=(t, c)).sum())
+        return int(visible_mask(q_len, n, window, 0, targets=(t, c)).sum())
     w = window if 0 <= window < UNBOUNDED else n
     i = torch.arange(n)
     pi = torch.clamp(torch.clamp(i - c1, min=0), max=u)
@@ -133,7 +141,7 @@ def _target_pairs(n: int, t: int, c: int, window: int) -> int:
     counts = 1 + keys_at(a, b)
     if c > 0:  # the context rows (position 0) see every key of the history, themselves among them
         counts = torch.where(pi == 0, torch.tensor(n - t), counts)
-    return int(counts.sum())
+    return int(counts[n - q_len:].sum())
 
 
 def tile_capacity(rows: int, block: int, batch: int) -> int:

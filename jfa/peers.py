@@ -96,9 +96,10 @@ class PaddedSDPA:
         device = q_offsets.device
         i = torch.arange(self.lq, device=device).view(1, self.lq, 1)
         j = torch.arange(self.lk, device=device).view(1, 1, self.lk)
-        if num_targets is not None:  # HSTU's mask (self-attention)
-            mask = target_mask(i, j, self.q_lens.view(-1, 1, 1), num_targets.view(-1, 1, 1).long(), contextual_len,
-                               causal_window(causal, window)[0])
+        if num_targets is not None:  # HSTU's mask: the queries are each sequence's last rows
+            shift = (self.kv_lens - self.q_lens).view(-1, 1, 1)
+            mask = target_mask(i + shift, j, self.kv_lens.view(-1, 1, 1), num_targets.view(-1, 1, 1).long(),
+                               contextual_len, causal_window(causal, window)[0])
         else:
             mask = pair_mask(i, j, self.q_lens.view(-1, 1, 1), self.kv_lens.view(-1, 1, 1),
                              *causal_window(causal, window))

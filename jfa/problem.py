@@ -94,10 +94,15 @@ class Problem:
         """The mask's scalar parameters: the window (left, right), HSTU's contextual prefix."""
         return self.left, self.right, self.contextual_len
 
+    @property
+    def last_rows(self) -> bool:
+        """HSTU's mask in cross-attention: each sequence's queries are its last rows (serving)."""
+        return self.targets and not self.self_attention
+
     def mask_args(self) -> tuple:
-        """The kernels' run-time mask group (jfa.geometry.mask_rule reads it): the per-sequence tensor (HSTU's target
-        counts, or None: the kernels then take the window's rule), then mask_scalars."""
-        return (self.num_targets, *self.mask_scalars())
+        """The kernels' mask group (jfa.geometry.mask_group: jfa.geometry.mask_rule reads it)."""
+        from .geometry import mask_group
+        return mask_group(self.num_targets, self.mask_scalars(), self.last_rows)
 
     def replace(self, **changes) -> "Problem":
         return dataclasses.replace(self, **changes)

@@ -54,15 +54,16 @@ def aot_signature(fn, args: tuple, constexprs: dict):
     """(signature, constexprs) for triton.compile of kernel fn called with these run-time arguments (its launcher's,
     on meta tensors) and constexprs, unspecialized as a launch would see values it cannot specialize: a tensor is a
     pointer of its dtype, an int i32, a float fp32, None a constexpr (keyed by its path in a tuple), a tuple a
-    tuple of those; anything else (a TMA descriptor) by triton's own mangling."""
+    tuple of those, a tl.constexpr a constexpr; anything else (a TMA descriptor) by triton's own mangling."""
+    import triton.language as tl
     from triton.runtime.jit import mangle_type
     nones = {}
 
     def kind(x, path):
         if isinstance(x, tuple):
             return tuple(kind(y, path + (i, )) for i, y in enumerate(x))
-        if x is None:
-            nones[path] = None
+        if x is None or isinstance(x, tl.constexpr):
+            nones[path] = x
             return "constexpr"
         if isinstance(x, torch.Tensor):
             return "*" + _TYPES[x.dtype]
@@ -76,12 +77,14 @@ def aot_signature(fn, args: tuple, constexprs: dict):
 
 
 def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, group: int = 1, targets: bool = False,
-                 **fields) -> Problem:
+                 serving: bool = False, **fields) -> Problem:
     """A Problem of meta tensors with these shapes: what a kernel's compile-time arguments are read from when it is
-    compiled ahead of time (no data, no GPU); targets: with HSTU's mask."""
+    compiled ahead of time (no data, no GPU); targets: with HSTU's mask; serving: in cross-attention (each
+    sequence's last rows as queries)."""
     def meta(heads):
         return torch.empty(128, heads, head_dim, dtype=dtype, device="meta")
     offsets = torch.empty(3, dtype=torch.int32, device="meta")
+    kv_offsets = torch.empty(3, dtype=torch.int32, device="meta") if serving else offsets
     if targets:
         fields.update(num_targets=torch.empty(2, dtype=torch.int32, device="meta"))
-    return Problem(meta(group), meta(1), meta(1), offsets, offsets, 1.0, 1 << 30, 1 << 30, broadcast, **fields)
+    return Problem(meta(group), meta(1), meta(1), offsets, kv_offsets, 1.0, 1 << 30, 1 << 30, broadcast, **fields)

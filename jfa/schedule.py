@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .geometry import block_count, mask_rule, sequence, sequence_bounds, tile_walk
+from .geometry import block_count, mask_group, mask_rule, sequence, sequence_bounds, tile_walk
 from .jagged import UNBOUNDED, tile_capacity
 from .runtime import check_runnable
 
@@ -47,6 +47,7 @@ class ScheduleSpec:
     mask: tuple = (UNBOUNDED, UNBOUNDED, 0)  # the mask's scalars (jfa.problem.Problem.mask_scalars)
     targets: bool = False  # HSTU's mask (jfa.jagged.target_mask): the costs take the sequences' targets
     key_tiles: bool = False  # the tiles are key tiles (the kv offsets'), costed by the queries that see them
+    last_rows: bool = False  # HSTU's mask in cross-attention (jfa.problem.Problem.last_rows)
 
 
 @dataclass(frozen=True)
@@ -338,7 +339,8 @@ def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, other_ro
             (q_offsets, kv_offsets), sched.seen, sched.scratch, (sched.tiles, sched.tile_cost, sched.order,
                                                                  sched.sm_start),
             (batch, cap, spec.heads, spec.ctas, _buckets(spec, other_rows), window_tiles(spec)),
-            (num_targets if spec.targets else None, *spec.mask), BLOCK_M=spec.block_m, BLOCK_N=spec.block_n,
+            mask_group(num_targets if spec.targets else None, spec.mask, spec.last_rows), BLOCK_M=spec.block_m,
+            BLOCK_N=spec.block_n,
             SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK, KEY_TILES=spec.key_tiles,
             num_warps=REFRESH_BLOCK // 256)
     elif cap > 0:  # no sequences: every slot is spare

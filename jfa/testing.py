@@ -48,14 +48,23 @@ GPU_MODES = modes(GPU_LENS, 256, 100, 256)
 def variant_modes(lens, window) -> dict:
     """The attention variants as named modes (make_case's arguments) on these lengths: each score function in softmax's
     place once (causal; a per-row out scale on one), and HSTU's mask (targets, a contextual prefix and a window over
-    positions) with softmax and with silu. (`jfa check`'s; the tests cross the variants with every mode.)"""
+    positions) with softmax and with silu, in self-attention and serving (each sequence's last 0 to all rows as
+    queries: HSTU's cached attention). (`jfa check`'s; the tests cross the variants with every mode.)"""
     from .variants import ACTIVATIONS
     out = {f"{a}-causal": dict(q_lens=lens, causal=True, activation=a, out_scale=0.3) for a in ACTIVATIONS}
     out["silu-gqa-rows-scale"] = dict(q_lens=lens, hq=8, hkv=2, activation="silu", out_scale="rows")
     for a, scale in (("softmax", 1.0), ("silu", 0.1)):
         out[f"targets-context-window-{a}"] = dict(q_lens=lens, causal=True, window=(window, -1), num_targets="random",
                                                   contextual_len=3, activation=a, out_scale=scale)
+        out[f"targets-serving-{a}"] = dict(q_lens=serving_lens(lens), kv_lens=lens, causal=True, window=(window, -1),
+                                           num_targets="random", contextual_len=3, activation=a, out_scale=scale)
     return out
+
+
+def serving_lens(kv_lens, new_rows=(1, 0, 2, 20, 65, 7, 130, 3, 1, 0, 130, 65)) -> list[int]:
+    """Query rows per sequence for serving (its last rows: new events or candidates against the cached history):
+    none, a few, more than a block, and a whole sequence among them."""
+    return [min(n, new_rows[b % len(new_rows)]) for b, n in enumerate(kv_lens)]
 
 
 CPU_VARIANTS = variant_modes(AWKWARD_LENS, 20)
@@ -113,12 +122,14 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
               out_scale=1.0, num_targets=None, contextual_len=0) -> Case:
     """Random inputs. Self-attention when kv_lens is None; broadcast mode when broadcast_lq is an int
     (then q_lens is ignored and kv_lens gives the B sequences). out_scale="rows": a random factor per output row.
-    num_targets: counts per sequence (HSTU's mask: causal self-attention), or "random" (0 to the length, all-target
-    sequences among them). With a contextual_len, every non-empty sequence holds its prefix: shorter lengths are
-    raised to it (the API refuses shorter ones where it checks the offsets)."""
+    num_targets: counts per sequence (HSTU's mask: causal; in cross-attention the queries are each sequence's last
+    rows, q_lens <= kv_lens, and the targets count its keys), or "random" (0 to the length, all-target sequences
+    among them). With a contextual_len, every non-empty sequence holds its prefix: shorter lengths are raised to it
+    (the API refuses shorter ones where it checks the offsets)."""
     g = torch.Generator().manual_seed(seed)
     if contextual_len and isinstance(contextual_len, int) and contextual_len > 0 and q_lens is not None:
-        q_lens = [n if n == 0 else max(n, contextual_len) for n in q_lens]
+        raised = [n if n == 0 else max(n, contextual_len) for n in (q_lens if kv_lens is None else kv_lens)]
+        q_lens, kv_lens = (raised, None) if kv_lens is None else (q_lens, raised)
     broadcast = broadcast_lq is not None
     self_attention = kv_lens is None and not broadcast
     kv_lens = q_lens if kv_lens is None else kv_lens
@@ -141,8 +152,8 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
     if isinstance(out_scale, str) and out_scale == "rows":
         out_scale = (0.5 + torch.rand(rows_out, generator=g)).to(device)
     if isinstance(num_targets, str) and num_targets == "random":  # every length once all targets, else at random
-        lens = torch.as_tensor(q_lens, dtype=torch.int64)
-        num_targets = (torch.rand(len(q_lens), generator=g) * (lens + 1).double()).long().clamp(max=lens)
+        lens = torch.as_tensor(kv_lens, dtype=torch.int64)
+        num_targets = (torch.rand(len(kv_lens), generator=g) * (lens + 1).double()).long().clamp(max=lens)
         num_targets[::3] = torch.minimum(lens[::3], torch.tensor(2))
         num_targets[1::5] = lens[1::5]
     if num_targets is not None:

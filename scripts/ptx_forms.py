@@ -38,7 +38,8 @@ def _triton_forms():
 
 def _variant_forms():
     """The attention variants' forms (bf16, self-attention): every Hopper kernel form with silu and gelu_tanh, the
-    HSTU mask's with softmax and silu, and the portable kernels with the activations."""
+    HSTU mask's with softmax and silu (and with silu in serving: each sequence's last rows as queries), and the
+    portable kernels with the activations."""
     import torch
 
     from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd
@@ -46,10 +47,10 @@ def _variant_forms():
     from jfa.triton.aot import compile_kernel
     bf16, forms = torch.bfloat16, {}
     for d in (64, 128):
-        variants = [(a, False) for a in ("silu", "gelu_tanh")] + [(a, True) for a in ("softmax", "silu")]
-        for act, targets in variants:
-            tag = f"bf16-d{d}-{act}{'-targets' if targets else ''}"
-            kw = dict(activation=act, targets=targets)
+        variants = [(a, False, False) for a in ("silu", "gelu_tanh")] + [(a, True, False) for a in ("softmax", "silu")]
+        for act, targets, serving in variants + [("silu", True, True)]:
+            tag = f"bf16-d{d}-{act}{'-targets' if targets else ''}{'-serving' if serving else ''}"
+            kw = dict(activation=act, targets=targets, serving=serving)
 
             def cfg(c, targets=targets):  # (HSTU's mask posts no items: jfa.hopper.config)
                 return dataclasses.replace(c, posted_items=False) if targets else c

@@ -9,7 +9,7 @@ import torch
 import jfa
 from jfa.bench import main, report, runner, suite
 from jfa.bench.providers import Jfa, Provider, SdpaPadded
-from jfa.jagged import visible_pairs
+from jfa.jagged import visible_mask, visible_pairs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bench_results.json"
 
@@ -41,6 +41,19 @@ PAIR_CASES = {
 def test_visible_pairs_exact(q_lens, kv_lens, left, right):
     kv_lens = q_lens if kv_lens is None else kv_lens
     assert visible_pairs(q_lens, kv_lens, left, right) == brute_pairs(q_lens, kv_lens, left, right)
+
+
+@pytest.mark.parametrize("context,window", [(0, -1), (3, -1), (3, 5)], ids=["targets", "context", "context-window"])
+@pytest.mark.parametrize("serving", [False, True], ids=["self", "serving"])
+def test_visible_pairs_with_targets_count_the_mask(context, window, serving):
+    """HSTU's mask's pair count (counted from the positions) equals the mask's own count, each sequence's last rows
+    as queries when serving."""
+    kv_lens, targets = [0, 1, 4, 9, 17, 30, 30], [0, 1, 4, 2, 0, 5, 30]
+    kv_lens = [n if n == 0 else max(n, context) for n in kv_lens]
+    q_lens = [min(n, m) for n, m in zip(kv_lens, [0, 1, 2, 9, 3, 30, 7])] if serving else kv_lens
+    brute = sum(int(visible_mask(lq, n, window, 0, targets=(t, context)).sum())
+                for lq, n, t in zip(q_lens, kv_lens, targets))
+    assert visible_pairs(q_lens, kv_lens, window, 0, targets=(torch.tensor(targets), context)) == brute
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (2, 3)], ids=["full", "causal", "window"])
@@ -378,23 +391,29 @@ def test_flex_provider_masks_windows_like_the_reference():
         torch.testing.assert_close(fn(), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("serving", [False, True], ids=["self", "serving"])
 @pytest.mark.parametrize("contextual_len,window", [(0, -1), (2, 9)], ids=str)
-def test_flex_provider_masks_targets_like_the_reference(contextual_len, window):
-    """FlexAttention peer on the CPU (forward) with HSTU's mask (its mask_mod from per-row positions) against
-    jfa's reference of jfa.jagged.target_mask, 0 and all-target sequences among them."""
+def test_peers_mask_targets_like_the_reference(contextual_len, window, serving):
+    """The FlexAttention peer on the CPU (forward; its mask_mod from per-row positions) and the padded formula with
+    HSTU's mask against jfa's reference of jfa.jagged.target_mask, 0 and all-target sequences among them; serving:
+    each sequence's last rows as queries."""
     import dataclasses
 
     from jfa.bench import providers
+    from jfa.peers import padded_attention
     base = next(w for w in suite.load_suite()[1] if w.name == "softmax-targets")
     w = dataclasses.replace(base, batch=4, max_len=150, heads_q=2, heads_kv=2, head_dim=32, window=(window, 0),
-                            contextual_len=contextual_len)
+                            contextual_len=contextual_len, **(dict(mode="cross", q_len=20) if serving else {}))
     inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
     inp.num_targets[0], inp.num_targets[1] = 0, inp.kv_lens[1]
     for t in (inp.q, inp.k, inp.v):
         t.requires_grad_(False)  # FlexAttention has no CPU backward
     fn, _ = providers.Flex().build(inp)
-    ref = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, backend="reference", **inp.score())
+    kv_offsets = inp.kv_offsets if serving else None
+    ref = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, kv_offsets, backend="reference", **inp.score())
     torch.testing.assert_close(fn(), ref, atol=1e-5, rtol=1e-5)
+    padded = padded_attention(inp.q, inp.k, inp.v, inp.q_offsets, kv_offsets, **inp.score())
+    torch.testing.assert_close(padded, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_hstu_peer_refuses_what_its_kernel_cannot_compute():

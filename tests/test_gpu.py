@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 import jfa
-from jfa.testing import GPU_MODES, compare, make_case, run_backend
+from jfa.testing import GPU_MODES, compare, make_case, run_backend, serving_lens
 
 pytestmark = pytest.mark.gpu
 
@@ -47,11 +47,14 @@ def test_gpu_auto_is_a_kernel_backend():
 
 
 @pytest.mark.parametrize("activation", ["softmax", "silu"])
-@pytest.mark.parametrize("context,window", [(0, -1), (0, 100), (1, -1), (5, 300)], ids=str)
-def test_gpu_target_masks(context, window, activation):
+@pytest.mark.parametrize("context,window,serving", [(0, -1, False), (0, 100, False), (1, -1, False), (5, 300, False),
+                                                    (5, 300, True)], ids=str)
+def test_gpu_target_masks(context, window, serving, activation):
     """HSTU's mask in the compiled Triton kernels against the float64 rule (jfa.jagged.target_mask): random target
-    counts with 0 and all-target sequences, contextual prefixes, windows, GQA, forward and backward."""
-    case = make_case(GPU_MODES["causal"]["q_lens"], causal=True, window=(window, -1), num_targets="random",
+    counts with 0 and all-target sequences, contextual prefixes, windows, GQA, forward and backward; serving: each
+    sequence's last rows as queries."""
+    lens = GPU_MODES["causal"]["q_lens"]
+    case = make_case(*((serving_lens(lens), lens) if serving else (lens, None)), causal=True, window=(window, -1), num_targets="random",
                      contextual_len=context, hq=4, hkv=2, d=128, dtype=torch.bfloat16, device="cuda", seed=context,
                      activation=activation, out_scale=1.0 if activation == "softmax" else 1 / 512)
     out, lse, grads = run(case)

@@ -9,7 +9,8 @@ import jfa
 import jfa.variants
 from jfa import hopper
 from jfa.hopper import config
-from jfa.testing import GPU_LENS, GPU_MODES, case_problem, compare, make_case, run_backend, run_kernels
+from jfa.testing import (GPU_LENS, GPU_MODES, case_problem, compare, make_case, run_backend, run_kernels,
+                         serving_lens)
 
 pytestmark = pytest.mark.gpu
 
@@ -257,9 +258,16 @@ def test_hopper_activation_deterministic_and_short_q():
     assert not failures, "\n".join(failures)
 
 
-TARGET_MASKS = {  # HSTU's mask on the GPU lengths: contextual_len, window (HSTU's max_attn_len; -1: none)
+TARGET_MASKS = {  # HSTU's mask on the GPU lengths: contextual_len, window (HSTU's max_attn_len; -1: none); serving:
+    # each sequence's last rows as queries (jfa.testing.serving_lens)
     "targets": (0, -1), "targets-window": (0, 100), "context-1": (1, -1), "context-5-window": (5, 300),
+    "serving-context-5-window": (5, 300),
 }
+
+
+def _target_lens(mask):
+    """(q_lens, kv_lens) of a TARGET_MASKS case for make_case."""
+    return (serving_lens(GPU_LENS), GPU_LENS) if mask.startswith("serving") else (GPU_LENS, None)
 
 
 @pytest.mark.parametrize("activation", ["softmax", "silu", "gelu_tanh"])
@@ -269,7 +277,7 @@ def test_hopper_target_masks(mask, activation, d):
     """HSTU's mask (jfa.jagged.target_mask) against the float64 rule, forward and backward, GQA, random target
     counts (0 and all-target sequences among them)."""
     context, window = TARGET_MASKS[mask]
-    case = make_case(GPU_LENS, causal=True, window=(window, -1), num_targets="random", contextual_len=context,
+    case = make_case(*_target_lens(mask), causal=True, window=(window, -1), num_targets="random", contextual_len=context,
                      hq=8, hkv=2, d=d, dtype=torch.bfloat16, device="cuda", seed=17, activation=activation,
                      out_scale=1.0 if activation == "softmax" else 1 / 2048)
     out, lse, grads = run_backend(case, "hopper")
@@ -277,13 +285,15 @@ def test_hopper_target_masks(mask, activation, d):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("mask", ["context-5-window", "serving-context-5-window"])
 @pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
 @pytest.mark.parametrize("form", list(FWD_FORMS))
-def test_hopper_target_mask_forms(form, route):
-    """HSTU's mask through every forward form and dQ route (handed in), with a context and a window."""
+def test_hopper_target_mask_forms(form, route, mask):
+    """HSTU's mask through every forward form and dQ route (handed in), with a context and a window, in
+    self-attention and serving."""
     cfg, plan = dataclasses.replace(FWD_FORMS[form], posted_items=False), _plan(route, 128)
     plan = dataclasses.replace(plan, dkdv=dataclasses.replace(plan.dkdv, posted_items=False))
-    case = make_case(GPU_LENS, causal=True, window=(200, -1), num_targets="random", contextual_len=3, hq=4, hkv=4,
+    case = make_case(*_target_lens(mask), causal=True, window=(200, -1), num_targets="random", contextual_len=3, hq=4, hkv=4,
                      d=128, dtype=torch.bfloat16, device="cuda", seed=18, activation="silu", out_scale=0.01)
     out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
                                   lambda *args: hopper.backward(*args, plan=plan), "hopper")

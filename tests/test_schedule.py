@@ -18,15 +18,17 @@ pytestmark = pytest.mark.interpreter
 
 def _tile_cost(mask, rows, block, key_tiles, targets):
     """Blocks of `block` a tile walks: from its first visible pair's block to its last (a key tile's: rows are keys
-    here, mask[:, rows] their queries); a key tile with HSTU's mask also its context rows' blocks before those."""
+    here, mask[:, rows] their queries); a key tile with HSTU's mask also its context rows' blocks before those (the
+    queries before its first key's diagonal, query row rows.start - shift)."""
     if key_tiles and not targets:
         mask = mask.T
     elif key_tiles:
         seen = torch.nonzero(mask[:, rows].any(1)).flatten()
         if not len(seen):
             return 0
-        diag = seen[seen >= rows.start]
-        before = seen[seen < rows.start]
+        diagonal = rows.start - (mask.shape[1] - mask.shape[0])
+        diag = seen[seen >= diagonal]
+        before = seen[seen < diagonal]
         pre = -((-int(before.max()) - 1) // block) if len(before) else 0
         first = int(diag.min()) // block * block if len(diag) else 0
         if pre * block >= first:
@@ -52,7 +54,7 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
         if num_targets is None:
             mask = visible_mask(lq, lk, left, right)
         else:  # HSTU's mask: the window is the spec's left
-            mask = visible_mask(lq, lq, left, 0, targets=(num_targets[b], context))
+            mask = visible_mask(lq, lk, left, 0, targets=(num_targets[b], context))
         if spec.key_tiles:  # rows are keys here, mask[:, rows] their queries
             lq = lk
         for t in range(-(-lq // spec.block_m)):
@@ -206,15 +208,15 @@ def test_cache_refresh_rebuilds_only_when_the_offsets_change():
 
 
 @triton.jit
-def _target_geometry_kernel(offsets, num_targets, OUT, context, window, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+def _target_geometry_kernel(q_offsets, kv_offsets, num_targets, OUT, context, window, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, TILES: tl.constexpr, LAST_ROWS: tl.constexpr):
     """Per sequence and tile: a query tile's (lo, hi, full_lo, full_hi) and a key tile's (prefix end, lo, hi,
     full_lo, full_hi) (query tiles of BLOCK_M rows over key blocks of BLOCK_N, key tiles the same way round)."""
     from jfa.geometry import key_blocks, mask_rule, query_blocks, query_prefix, sequence, sequence_bounds
     b = tl.program_id(0)
     t = tl.program_id(1)
-    q_start, kv_start, lens = sequence_bounds(offsets, offsets, b)
-    rule = mask_rule((num_targets, window, 0, context))
+    q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, b)
+    rule = mask_rule((num_targets, window, 0, context, LAST_ROWS))
     seq = sequence(b, lens, rule)
     base = OUT + (b * TILES + t) * 9
     lo, f_lo, f_hi, hi = key_blocks(t * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
@@ -230,13 +232,24 @@ def _target_geometry_kernel(offsets, num_targets, OUT, context, window, BLOCK_M:
     tl.store(base + 8, f_hi)
 
 
-TARGET_CASES = {  # lengths, targets, contextual_len, window (HSTU's max_attn_len)
+TARGET_CASES = {  # lengths, targets, contextual_len, window (HSTU's max_attn_len)[, query rows: serving]
     "targets": ([1, 2, 40, 63, 64, 65, 129, 200], [0, 2, 5, 1, 64, 3, 20, 200], 0, -1),
     "targets-window": ([1, 40, 65, 129, 200], [1, 0, 3, 20, 7], 0, 17),
     "context": ([1, 2, 40, 65, 129, 200], [0, 1, 5, 0, 20, 3], 5, -1),
     "context-window": ([3, 40, 65, 129, 200], [1, 0, 3, 20, 7], 9, 30),
     "context-longer-than-history": ([4, 6, 30], [2, 6, 1], 8, -1),
+    # each sequence's last rows as queries (HSTU's cached attention): none, a few, all, some context rows among them
+    "serving": ([1, 2, 40, 65, 129, 200, 200], [0, 1, 5, 20, 3, 7, 0], 0, -1, [1, 0, 7, 65, 30, 200, 33]),
+    "serving-context-window": ([3, 40, 40, 65, 129, 200, 300], [1, 0, 3, 3, 20, 7, 40], 9, 30,
+                               [1, 40, 35, 2, 100, 64, 33]),
+    "serving-context": ([12, 40, 129, 200], [2, 5, 0, 200], 9, -1, [10, 39, 129, 190]),
 }
+
+
+def _target_case(name):
+    """(kv lengths, query lengths, targets, contextual_len, window) of TARGET_CASES[name]."""
+    lens, targets, context, window, *q_lens = TARGET_CASES[name]
+    return lens, (q_lens[0] if q_lens else lens), targets, context, window
 
 
 @pytest.mark.parametrize("name", list(TARGET_CASES))
@@ -245,19 +258,19 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
     """HSTU's mask (jfa.jagged.target_mask) in jfa.geometry: every pair a tile's rows see lies in its walk (a query
     tile's key range; a key tile's context prefix and query range), the walk's ends are the first and last visible
     pairs' blocks, and every pair in a full block is visible."""
-    from jfa.jagged import UNBOUNDED, target_mask
-    lens, targets, context, window = TARGET_CASES[name]
-    offsets, nt = offsets_of(lens), torch.tensor(targets, dtype=torch.int32)
+    from jfa.jagged import UNBOUNDED, visible_mask
+    lens, q_lens, targets, context, window = _target_case(name)
+    kv_offsets, q_offsets = offsets_of(lens), offsets_of(q_lens)
+    nt = torch.tensor(targets, dtype=torch.int32)
     tiles = max(-(-n // min(block_m, block_n)) for n in lens) + 1
     out = torch.full((len(lens), tiles, 9), -7, dtype=torch.int32)
     w = UNBOUNDED if window < 0 else window
-    _target_geometry_kernel[(len(lens), tiles)](offsets, nt, out, context, w, BLOCK_M=block_m, BLOCK_N=block_n,
-                                                TILES=tiles)
-    for b, (n, t) in enumerate(zip(lens, targets)):
-        i, j = torch.arange(n)[:, None], torch.arange(n)[None]
-        mask = target_mask(i, j, n, t, context, window)
-        for tile in range(-(-n // block_m)):
-            lo, hi, f_lo, f_hi, pre, qlo, qhi, qf_lo, qf_hi = out[b, tile].tolist()
+    _target_geometry_kernel[(len(lens), tiles)](q_offsets, kv_offsets, nt, out, context, w, BLOCK_M=block_m,
+                                                BLOCK_N=block_n, TILES=tiles, LAST_ROWS=q_lens is not lens)
+    for b, (lq, n, t) in enumerate(zip(q_lens, lens, targets)):
+        mask = visible_mask(lq, n, window, 0, targets=(t, context))  # [lq, n]
+        for tile in range(-(-lq // block_m)):  # query tiles: every row sees at least itself
+            lo, hi, f_lo, f_hi = out[b, tile, :4].tolist()
             rows = slice(tile * block_m, (tile + 1) * block_m)
             keys = torch.nonzero(mask[rows].any(0)).flatten()
             walk = torch.zeros(n, dtype=torch.bool)
@@ -265,13 +278,18 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
             assert walk[keys].all(), (name, b, tile, lo, hi, keys.tolist())
             assert lo == int(keys.min()) // block_n * block_n and hi == int(keys.max()) + 1, (b, tile, lo, hi)
             assert mask[rows, lo + (f_lo - lo):f_hi].all(), (b, tile, f_lo, f_hi)
-            # the key tile of the same rows: the queries that see its keys
+        for tile in range(-(-n // block_m)):  # key tiles of the same size: the queries that see its keys
+            pre, qlo, qhi, qf_lo, qf_hi = out[b, tile, 4:].tolist()
+            rows = slice(tile * block_m, (tile + 1) * block_m)
             queries = torch.nonzero(mask[:, rows].any(1)).flatten()
-            qwalk = torch.zeros(n, dtype=torch.bool)
+            qwalk = torch.zeros(max(lq, qhi, pre, 1), dtype=torch.bool)
             qwalk[:pre] = True
-            qwalk[qlo:qhi] = True
+            qwalk[max(qlo, 0):max(qhi, 0)] = True
             assert pre % block_n == 0 and pre <= qlo or pre == 0, (b, tile, pre, qlo)
             assert qwalk[queries].all(), (name, b, tile, pre, qlo, qhi, queries.tolist())
+            if not len(queries):  # (serving: keys no query row sees) an empty walk
+                assert pre == 0 and qhi <= qlo, (name, b, tile, pre, qlo, qhi)
+                continue
             inner = queries[queries >= max(qlo, pre)]
             assert qhi == int(queries.max()) + 1 and (not len(inner) or qlo == int(inner.min()) // block_n * block_n)
             assert mask[qf_lo:qf_hi, rows].all(), (b, tile, qf_lo, qf_hi)
@@ -282,8 +300,11 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
 def test_target_schedule_matches_the_spec(name, key_tiles):
     """HSTU's mask's tile classes in the schedule: each tile costed by its walk (a key tile's context prefix too),
     dealt as the spec says."""
-    lens, targets, context, window = TARGET_CASES[name]
-    qo, nt = offsets_of(lens), torch.tensor(targets, dtype=torch.int32)
+    lens, q_lens, targets, context, window = _target_case(name)
+    ko, nt = offsets_of(lens), torch.tensor(targets, dtype=torch.int32)
+    qo = ko if q_lens is lens else offsets_of(q_lens)
     left, right = resolve_window(True, (window, -1))
-    spec = ScheduleSpec(int(qo[-1]), 2, 32, 16, 5, (left, right, context), targets=True, key_tiles=key_tiles)
-    check_against_spec(schedule.build(qo, qo, spec, int(qo[-1]), nt), lens, lens, spec, targets)
+    tiles, other = (int(ko[-1]), int(qo[-1])) if key_tiles else (int(qo[-1]), int(ko[-1]))
+    spec = ScheduleSpec(tiles, 2, 32, 16, 5, (left, right, context), targets=True, key_tiles=key_tiles,
+                        last_rows=q_lens is not lens)
+    check_against_spec(schedule.build(qo, ko, spec, other, nt), q_lens, lens, spec, targets)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import jfa
 import jfa.variants
-from jfa.testing import CPU_MODES, compare, each_once, make_case, run_backend
+from jfa.testing import CPU_MODES, compare, each_once, make_case, run_backend, serving_lens
 
 pytestmark = pytest.mark.interpreter
 
@@ -145,6 +145,7 @@ TARGETS = {  # HSTU's mask: lengths, contextual_len, window (HSTU's max_attn_len
     "targets-window": (CPU_MODES["causal"]["q_lens"], 0, 20),
     "targets-context-1": (CPU_MODES["causal"]["q_lens"], 1, -1),
     "targets-context-5-window": (CPU_MODES["causal"]["q_lens"], 5, 33),
+    "serving-context-5-window": (CPU_MODES["causal"]["q_lens"], 5, 33),  # each sequence's last rows as queries
 }
 
 
@@ -155,8 +156,9 @@ def test_triton_target_masks(name, activation):
     against the float64 rule (jfa.jagged.target_mask), forward and backward, GQA, random target counts with 0 and
     all-target sequences: every case with softmax, and the hardest with the activations HSTU and GDPA use."""
     lens, context, window = TARGETS[name]
-    case = make_case(lens, causal=True, window=(window, -1), num_targets="random", contextual_len=context, hq=4,
-                     hkv=2, activation=activation, out_scale=1.0 if activation == "softmax" else 0.1, seed=9)
+    q_lens, kv_lens = (serving_lens(lens), lens) if name.startswith("serving") else (lens, None)
+    case = make_case(q_lens, kv_lens, causal=True, window=(window, -1), num_targets="random", contextual_len=context,
+                     hq=4, hkv=2, activation=activation, out_scale=1.0 if activation == "softmax" else 0.1, seed=9)
     out, lse, grads = run_triton(case)
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)

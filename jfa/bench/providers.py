@@ -282,15 +282,16 @@ class Flex(Provider):
         hi_q = ipos_q + right if right >= 0 else None
         if inp.num_targets is not None:  # HSTU's mask (jfa.jagged.target_mask): each row's position, and U
             c1 = max(inp.workload.contextual_len - 1, 0)
-            u = (inp.q_lens.to(device) - inp.num_targets.to(device=device, dtype=torch.int64) - c1)
-            u_q = u.to(torch.int32)[doc_q]
-            hpos = torch.minimum(torch.clamp(pos_q - c1, min=0), u_q)
+            u = (inp.kv_lens.to(device) - inp.num_targets.to(device=device, dtype=torch.int64) - c1).to(torch.int32)
+            u_q = u[doc_q]
+            hpos_q = torch.minimum(torch.clamp(ipos_q - c1, min=0), u_q)  # (the queries: the sequence's last rows)
+            hpos_k = torch.minimum(torch.clamp(pos_k - c1, min=0), u[doc_k])
             w, ctx = (left if left >= 0 else UNBOUNDED), inp.workload.contextual_len > 0
 
             def mask_mod(b, h, q_idx, kv_idx):
-                pi, pj = hpos[q_idx], hpos[kv_idx]
+                pi, pj = hpos_q[q_idx], hpos_k[kv_idx]
                 d = pi - pj
-                vis = (q_idx == kv_idx) | ((d > 0) & (d <= w))
+                vis = (ipos_q[q_idx] == pos_k[kv_idx]) | ((d > 0) & (d <= w))
                 if ctx:
                     vis = vis | ((pi == 0) & (pj < u_q[q_idx]))
                 return (doc_q[q_idx] == doc_k[kv_idx]) & vis

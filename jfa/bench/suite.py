@@ -9,7 +9,8 @@ The suite file (default: the packaged ``jfa/workloads.json``) holds ``{"about": 
     full:    L = max_len for every sequence
 
 HSTU's mask (targets [lo, hi]: each sequence's last targets, drawn uniformly with seed + 2 and clamped to its
-length; contextual_len) goes with causal self-attention. Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
+length; contextual_len) goes with causal self-attention, or cross-attention with q_len (serving: each sequence's
+last rows against the whole sequence). Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
 attend its L keys, aligned bottom-right; with q_max_len, query lengths of their own, drawn by the same recipe with
 seed + 1), "broadcast" (one dense q of q_len rows for every sequence). activation and out_scale: softmax, or an
 activation in its place (jfa.jagged_attention's).
@@ -72,8 +73,9 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: dist must be one of {DISTS}, got {self.dist!r}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"workload {self.name!r}: heads_q {self.heads_q} not a multiple of {self.heads_kv}")
-        if self.targets is not None and (self.mode != "self" or self.window[1] != 0):
-            raise ValueError(f"workload {self.name!r}: targets need causal self-attention (window [W, 0])")
+        if self.targets is not None and (self.mode not in ("self", "cross") or self.q_max_len or self.window[1] != 0):
+            raise ValueError(f"workload {self.name!r}: targets need causal self-attention, or cross-attention whose "
+                             f"queries are each sequence's last q_len rows (serving), window [W, 0]")
         if self.contextual_len and self.targets is None:
             raise ValueError(f"workload {self.name!r}: contextual_len is HSTU's mask's: give targets too "
                              f"(0,0 for none)")

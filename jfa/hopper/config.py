@@ -193,11 +193,12 @@ def query_tile_schedule(p: Problem, rows: int, block_m: int, ctas: int) -> Sched
     """The forward's and the dQ pass's items: query tiles of block_m rows x heads, costed in key blocks of
     SCHEDULE_BLOCK_N whatever the kernel's block (the cost only balances the CTAs), so at D=128 the dQ pass
     runs on the forward's schedule: one build per batch for both."""
-    return ScheduleSpec(rows, p.heads, block_m, SCHEDULE_BLOCK_N, ctas, p.mask_scalars(), p.targets)
+    return ScheduleSpec(rows, p.heads, block_m, SCHEDULE_BLOCK_N, ctas, p.mask_scalars(), p.targets,
+                        last_rows=p.last_rows)
 
 
 def key_tile_schedule(p: Problem, cfg: DkdvConfig, ctas: int) -> ScheduleSpec:
     """The dK/dV pass's items: key tiles x kv heads, costed by the query blocks that see them (jfa.geometry's walk
     of key tiles)."""
     return ScheduleSpec(p.k.shape[0], p.heads_kv, cfg.block_n, cfg.block_m, ctas, p.mask_scalars(), p.targets,
-                        key_tiles=True)
+                        key_tiles=True, last_rows=p.last_rows)
