@@ -85,7 +85,8 @@ def test_packaged_suite_lengths_follow_the_recipe():
     about, workloads = suite.load_suite()
     assert "floor(u**3 * max_len)" in about and len(workloads) >= 9
     for w in workloads:
-        assert suite.kv_lengths(w).tolist() == recipe(w.batch, w.max_len, w.dist, w.seed), w.name
+        want = recipe(w.batch, w.max_len, w.dist, w.seed)  # (raised to a contextual prefix: suite.kv_lengths)
+        assert suite.kv_lengths(w).tolist() == [max(n, w.contextual_len) for n in want], w.name
         lens = suite.kv_lengths(w)
         assert lens.min() >= 1 and lens.max() <= w.max_len
     names = [w.name for w in workloads]
@@ -209,6 +210,33 @@ def test_new_offsets_cost_is_the_extra_time_of_fresh_offsets():
         time.sleep(0.03 if q_offsets is not inp.q_offsets else 0.0)
     assert 25 <= _new_offsets_ms(call, inp, reps=3) <= 60
     assert _new_offsets_ms(lambda qo, ko: None, inp, reps=3) < 5
+
+
+@pytest.mark.parametrize("host_ms,note", [(0.9, "host-bound"), (0.42, None)], ids=["host-bound", "gpu-bound"])
+def test_backward_of_a_host_bound_forward_comes_from_the_gpu_busy_times(monkeypatch, host_ms, note):
+    """do_bench's forward holds the host's time where the host issues a call more slowly than the GPU runs it (the
+    forward+backward hides it behind the kernels): the backward is then the busy times' difference, and the result
+    says so; a GPU-bound forward keeps do_bench's split."""
+    w = suite.Workload("t", "self", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16,
+                       lengths=(9, 2))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+    timed = {"fn": (host_ms, host_ms, host_ms), "fwd_bwd": (1.55, 1.55, 1.55)}
+    busy = {"fn": 0.40, "fwd_bwd": 1.50}
+    monkeypatch.setattr(runner, "time_ms", lambda f, *a, **k: timed[f.__name__])
+    monkeypatch.setattr(runner, "gpu_busy_ms", lambda f, *a, **k: busy[f.__name__])
+
+    def fn():
+        return inp.q * 1.0
+    m = runner.measure(fn, inp, 1e9, 2.5e9)
+    assert m["fwd_gpu_ms"] == 0.40 and m["fwdbwd_gpu_ms"] == 1.50 and m["bwd_gpu_ms"] == pytest.approx(1.10)
+    if note:
+        assert m["bwd_ms"] == pytest.approx(1.10) and note in m["note"]
+    else:
+        assert m["bwd_ms"] == pytest.approx(1.55 - 0.42) and "note" not in m
+
+
+def test_gpu_busy_time_is_cuda_only():
+    assert runner.gpu_busy_ms(lambda: None, "cpu") is None
 
 
 class WrongScale(Provider):

@@ -16,6 +16,12 @@ one sequence; the skewed workloads' first sequence is the longest), recorded as 
 
 Timing: triton.testing.do_bench (median, p20, p80) of the forward and of forward+backward on CUDA;
 backward = (forward+backward) - forward. On the CPU (smoke run) a plain perf_counter loop.
+A second method on CUDA (gpu_busy_ms): the GPU's busy time per call, the sum of the kernels' durations in a
+torch.profiler trace (after the same L2 flush do_bench does, the flush's own time taken out). Where the host issues a
+call more slowly than the GPU runs it, do_bench's span holds the host's time and its forward exceeds the busy time;
+the forward+backward hides the forward's host time behind its kernels, so "fwd+bwd - fwd" then undercounts the
+backward. A provider whose do_bench forward exceeds its busy time by more than HOST_BOUND is noted host-bound, its
+backward taken as the busy times' difference.
 TF/s from exact visible pair counts (jfa.jagged.visible_pairs): forward 4 * Hq * D * pairs, backward 2.5x.
 
 Roofline: each run measures the dense matmul rate (ceiling_tflops) and the copy bandwidth (bandwidth_gbs, a
@@ -38,6 +44,7 @@ from .suite import Inputs, bytes_moved, flops, make_inputs
 
 GATE_BUDGET = 1 << 28  # sum over the checked sequences of Hq * Lq * Lk (one fp32 score tensor ~1 GiB)
 GATE_SEQS = 1024  # the reference loops over sequences in Python: short-128's 8,192 took tens of seconds per run
+HOST_BOUND = 1.10  # do_bench forward / GPU busy forward above which the forward is host-bound (see Timing)
 
 
 def gate_prefix(inp: Inputs, budget: int = GATE_BUDGET, max_seqs: int = GATE_SEQS) -> int:
@@ -147,6 +154,31 @@ def time_ms(fn, device, leaves=(), warmup_ms=25, rep_ms=100, cpu_reps=3, cpu_war
     return _quantiles(samples)
 
 
+def gpu_busy_ms(fn, device, leaves=(), reps=10) -> float | None:
+    """The GPU's busy time per call of fn (ms; the second method, see Timing), or None off CUDA or where the profiler
+    gives no kernel times."""
+    if torch.device(device).type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=device)  # (do_bench's L2 flush)
+
+    def busy(call):
+        fn()  # (warm: compiled, cached)
+        torch.cuda.synchronize(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                for t in leaves:
+                    t.grad = None
+                flush.zero_()
+                call()
+            torch.cuda.synchronize(device)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return sum(e.device_time for e in kernels) / 1e3 / reps if kernels else None
+
+    total, flush_only = busy(fn), busy(lambda: None)
+    return None if total is None else max(total - (flush_only or 0.0), 0.0)
+
+
 def measure(fn, inp: Inputs, fwd_flops, bwd_flops, **timing) -> dict:
     device = inp.q.device
     leaves = inp.leaves()
@@ -156,14 +188,23 @@ def measure(fn, inp: Inputs, fwd_flops, bwd_flops, **timing) -> dict:
 
     fwd = time_ms(fn, device, leaves, **timing)
     fb = time_ms(fwd_bwd, device, leaves, **timing)
+    busy = {"fwd_gpu_ms": gpu_busy_ms(fn, device, leaves), "fwdbwd_gpu_ms": gpu_busy_ms(fwd_bwd, device, leaves)}
     # Noise can make forward+backward time below forward alone (CPU smoke runs): then no backward number.
     bwd_ms = fb[0] - fwd[0] if fb[0] > fwd[0] else None
+    host_bound = busy["fwd_gpu_ms"] and fwd[0] > HOST_BOUND * busy["fwd_gpu_ms"]
+    if host_bound and busy["fwdbwd_gpu_ms"]:
+        bwd_ms = busy["fwdbwd_gpu_ms"] - busy["fwd_gpu_ms"]
     res = {"fwd_ms": fwd[0], "bwd_ms": bwd_ms, "fwdbwd_ms": fb[0],
            "fwd_p20_ms": fwd[1], "fwd_p80_ms": fwd[2], "fwdbwd_p20_ms": fb[1], "fwdbwd_p80_ms": fb[2],
            "fwd_tflops": fwd_flops / fwd[0] / 1e9, "bwd_tflops": bwd_flops / bwd_ms / 1e9 if bwd_ms else None,
-           "fwdbwd_tflops": (fwd_flops + bwd_flops) / fb[0] / 1e9, "peak_mb": None}
+           "fwdbwd_tflops": (fwd_flops + bwd_flops) / fb[0] / 1e9, "peak_mb": None, **busy}
+    if busy["fwd_gpu_ms"] and busy["fwdbwd_gpu_ms"]:
+        res["bwd_gpu_ms"] = busy["fwdbwd_gpu_ms"] - busy["fwd_gpu_ms"]
     if bwd_ms is None:
         res["note"] = "backward not resolved (fwd+bwd timed below fwd)"
+    elif host_bound:
+        res["note"] = (f"host-bound forward (GPU busy {busy['fwd_gpu_ms']:.3f} ms): backward from the GPU busy "
+                       f"times")
     for t in leaves:
         t.grad = None
     if device.type == "cuda":
