@@ -20,7 +20,8 @@ from .problem import Problem
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
                      window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
-                     contextual_len=0, return_lse=False, backend="auto", deterministic=False):
+                     contextual_len=0, page_table=None, page_size=None, return_lse=False, backend="auto",
+                     deterministic=False):
     """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
 
     Args:
@@ -50,6 +51,10 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             Where the offsets are checked, a prefix longer than a (non-empty) sequence, or more queries than keys,
             is an error; where they are trusted (both max lengths for GPU offsets) such a sequence is all prefix,
             as the rule says, and the results of a sequence with more queries than keys are unspecified.
+        page_table, page_size: paged k and v (serving a cache, jfa.KVCache; forward only): k and v are a pool of
+            pages of ``page_size`` rows, and key j of sequence b lies at row ``page_table[b, j // page_size] *
+            page_size + j % page_size`` (``page_table`` int32 ``[B, pages]`` on q's device); ``kv_offsets`` (needed)
+            count each sequence's keys as if packed. The same bits as the packed call; the portable kernels.
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]`` (softmax only).
         backend: "auto", "reference", "triton" or "hopper".
         deterministic: the backward gives the same bits run to run (the hopper backend's default backward adds
@@ -60,7 +65,7 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     """
     options = dict(causal=causal, window=window, scale=scale, activation=activation, out_scale=out_scale,
                    num_targets=num_targets, contextual_len=contextual_len, backend=backend,
-                   deterministic=deterministic)
+                   deterministic=deterministic, page_table=page_table, page_size=page_size)
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
@@ -92,6 +97,8 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
                          f"{kv_offsets.numel() - 1} sequences")
     checks.check_max_len("max_q_len", max_q_len)
     checks.check_max_len("max_kv_len", max_kv_len)
+    options["page_size"] = checks.check_pages(options.get("page_table"), options.get("page_size"), q, k, v,
+                                              kv_offsets, self_attention)
     if checks.offsets_values_checked([q_offsets, kv_offsets], max_q_len is not None and max_kv_len is not None):
         if self_attention:  # one look at the shared offsets checks both hints
             if k.shape[0] != q.shape[0]:
@@ -101,9 +108,13 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
                                         [("max_q_len", max_q_len), ("max_kv_len", max_kv_len)],
                                         options.get("num_targets"), options.get("contextual_len", 0))
         else:
+            paged = options.get("page_table") is not None  # (the pool's rows are not the keys')
             checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
-            checks.check_offsets_values("kv_offsets", kv_offsets, k.shape[0], "k", [("max_kv_len", max_kv_len)],
-                                        options.get("num_targets"), options.get("contextual_len", 0))
+            checks.check_offsets_values("kv_offsets", kv_offsets, None if paged else k.shape[0], "k",
+                                        [("max_kv_len", max_kv_len)], options.get("num_targets"),
+                                        options.get("contextual_len", 0))
+            if paged:
+                checks.check_page_values(options["page_table"], options["page_size"], k.shape[0], kv_offsets)
             if options.get("num_targets") is not None or options.get("contextual_len", 0):
                 checks.check_last_rows(q_offsets, kv_offsets)
     return _finish(q, k, v, q_offsets, kv_offsets, False, max_q_len, max_kv_len, **options)
@@ -165,7 +176,7 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
 
 def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *, causal=False, window=(-1, -1),
             scale=None, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0, backend="auto",
-            deterministic=False) -> Problem:
+            deterministic=False, page_table=None, page_size=0) -> Problem:
     """The checks every call shares, then the Problem."""
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
@@ -175,9 +186,13 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
     values = checks.offsets_values_checked([q_offsets, kv_offsets], max_q_len is not None and max_kv_len is not None)
     out_scale, row_scale = checks.check_out_scale(out_scale, activation, rows, q.device, values)
+    if page_table is not None and backend == "hopper":
+        raise ValueError("backend 'hopper' does not read paged k/v yet: backend='triton' or 'auto'")
     backend = select(backend, q.device, q.shape[2], q.dtype)
+    backend = "triton" if page_table is not None and backend == "hopper" else backend  # (auto's pick)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,
                    out_scale=out_scale, row_scale=row_scale, num_targets=num_targets, contextual_len=contextual_len,
-                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, deterministic=deterministic)
+                   page_table=page_table, page_size=page_size, max_q_len=max_q_len, max_kv_len=max_kv_len,
+                   backend=backend, deterministic=deterministic)

@@ -18,6 +18,7 @@ import torch
 from . import hopper as hopper_backend
 from . import reference
 from . import triton as triton_backend
+from .jagged import paged_rows
 
 
 def _reference_args(p) -> dict:
@@ -27,7 +28,11 @@ def _reference_args(p) -> dict:
 
 
 def _reference_forward(p):
-    return reference.attention(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, **_reference_args(p))
+    k, v = p.k, p.v
+    if p.paged:  # the keys gathered from their pages (jfa.jagged.paged_rows)
+        rows = paged_rows(p.page_table, p.kv_offsets, p.page_size)
+        k, v = k[rows], v[rows]
+    return reference.attention(p.q, k, v, p.q_offsets, p.kv_offsets, **_reference_args(p))
 
 
 def _reference_backward(p, out, lse, dout, dlse):

@@ -161,6 +161,51 @@ def check_last_rows(q_offsets, kv_offsets):
                          f"(HSTU's cached attention): sequence {b} has {lq[b].item()} queries but {lk[b].item()} keys")
 
 
+def check_pages(page_table, page_size, q, k, v, kv_offsets, one_offsets) -> int:
+    """Paged k/v's arguments (jfa.jagged_attention: page_table, page_size) -> page_size as the Problem takes it (0:
+    not paged). Forward only: serving reads a cache; nothing may want a gradient through it."""
+    if page_table is None:
+        if page_size is not None:
+            raise ValueError("page_size is paged k/v's: give page_table too")
+        return 0
+    if one_offsets:
+        raise ValueError("paged k/v take kv_offsets of their own (cross-attention: the new rows' queries against "
+                         "the cached keys), not self-attention or broadcast q")
+    _tensor("page_table", page_table)
+    if page_table.dtype != torch.int32 or page_table.dim() != 2:
+        raise TypeError(f"page_table must be int32 [B, pages], got {page_table.dtype} of shape "
+                        f"{tuple(page_table.shape)}")
+    if page_table.shape[0] != kv_offsets.numel() - 1 or page_table.device != q.device:
+        raise ValueError(f"page_table must have one row per sequence ({kv_offsets.numel() - 1}) on {q.device}, got "
+                         f"shape {tuple(page_table.shape)} on {page_table.device}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise TypeError(f"page_size must be a positive Python int (rows per page), got {page_size!r}")
+    if k.shape[0] % page_size:
+        raise ValueError(f"k and v must be a pool of whole pages: {k.shape[0]} rows is not a multiple of page_size "
+                         f"{page_size}")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError("paged k/v are forward only (serving a cache): call under torch.no_grad(), or with "
+                         "tensors that need no gradient")
+    return page_size
+
+
+def check_page_values(page_table, page_size, pool_rows, kv_offsets):
+    """Every sequence fits its row of the page table, and the pages it reads lie in the pool (one host sync)."""
+    lens = (kv_offsets[1:] - kv_offsets[:-1]).cpu().long()
+    table = page_table.cpu().long()
+    room = table.shape[1] * page_size
+    if (lens > room).any():
+        b = int(torch.nonzero(lens > room)[0])
+        raise ValueError(f"sequence {b} has {lens[b].item()} keys but its page table row holds {room} "
+                         f"({table.shape[1]} pages of {page_size})")
+    used = torch.arange(table.shape[1]).view(1, -1) * page_size < lens.view(-1, 1)
+    pages = pool_rows // page_size
+    bad = used & ((table < 0) | (table >= pages))
+    if bad.any():
+        b, i = (int(x) for x in torch.nonzero(bad)[0])
+        raise ValueError(f"page_table[{b}, {i}] = {table[b, i].item()} is not a page of the pool (0 to {pages - 1})")
+
+
 def check_return_lse(return_lse, activation):
     if return_lse and activation != "softmax":
         raise ValueError(f"return_lse=True: an lse is softmax's; activation={activation!r} has none")
@@ -207,7 +252,7 @@ def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=N
         b = int(torch.nonzero(lens < 0)[0])
         raise ValueError(f"{name} must be non-decreasing; {name}[{b + 1}] = {o[b + 1].item()} < "
                          f"{name}[{b}] = {o[b].item()}")
-    if o[-1].item() != rows:
+    if rows is not None and o[-1].item() != rows:  # (None: paged k/v, whose pool has rows of its own)
         raise ValueError(f"{name} must end at the number of rows of {rows_name} ({rows}), got {o[-1].item()}")
     if isinstance(contextual_len, int) and contextual_len > 0:
         short = (lens > 0) & (lens < contextual_len)

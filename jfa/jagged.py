@@ -144,6 +144,17 @@ def _target_pairs(n: int, t: int, c: int, window: int, q_len: int) -> int:
     return int(counts[n - q_len:].sum())
 
 
+def paged_rows(page_table: torch.Tensor, kv_offsets: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Paged k/v (serving): the rows of the page pool that hold a batch's keys, in packed order (int64 [Tk]): key j
+    of sequence b lies at row ``page_table[b, j // page_size] * page_size + j % page_size``, so that ``k[rows]`` is
+    the packed k of kv_offsets. (One host sync: the reference's and the tests' gather.)"""
+    lens = lengths(kv_offsets.long())
+    total = int(kv_offsets[-1]) if kv_offsets.numel() else 0
+    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens, output_size=total)
+    j = torch.arange(total, device=lens.device) - kv_offsets.long()[:-1][seq]
+    return page_table.long()[seq, j // page_size] * page_size + j % page_size
+
+
 def tile_capacity(rows: int, block: int, batch: int) -> int:
     """The most tiles of ``block`` rows that B sequences of ``rows`` rows in all can have: ``rows // block + B``
     (each sequence adds at most one partial tile), known from the shapes alone, so tile tables and schedules are

@@ -34,6 +34,8 @@ class Problem:
     row_scale: Optional[Tensor] = None  # [rows] float32, one factor per output row (with an activation)
     num_targets: Optional[Tensor] = None  # [B] int: each sequence's last targets see the history and themselves
     contextual_len: int = 0  # HSTU's contextual prefix (with num_targets: jfa.jagged.target_mask)
+    page_table: Optional[Tensor] = None  # [B, pages] int32: paged k/v (serving, forward only): key j of sequence b
+    page_size: int = 0  # at row page_table[b, j // page_size] * page_size + j % page_size (jfa.jagged.paged_rows)
     max_q_len: Optional[int] = None  # the caller's bounds on the lengths (or None): they never change a result,
     max_kv_len: Optional[int] = None  # and the hopper backward skips work by max_kv_len
     backend: str = "reference"  # a name of jfa.backends.BACKENDS
@@ -93,6 +95,11 @@ class Problem:
     def mask_scalars(self) -> tuple:
         """The mask's scalar parameters: the window (left, right), HSTU's contextual prefix."""
         return self.left, self.right, self.contextual_len
+
+    @property
+    def paged(self) -> bool:
+        """k and v are a page pool read through page_table; kv_offsets count each sequence's keys."""
+        return self.page_table is not None
 
     @property
     def last_rows(self) -> bool:

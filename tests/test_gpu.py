@@ -80,6 +80,41 @@ def test_gpu_no_host_sync_with_max_lens():
         torch.cuda.set_sync_debug_mode("default")
 
 
+def test_gpu_cache_append_and_attend_without_host_sync():
+    """Serving on the GPU: jfa.KVCache appends and the new rows' attention through the page table, with no host sync
+    (both max lengths given), equal to the packed call on the histories; then the same step captured in a CUDA
+    graph and replayed on new rows."""
+    g = torch.Generator().manual_seed(4)
+    cache = jfa.KVCache(4, capacity=300, heads=2, head_dim=64, page_size=64, device="cuda")
+    lens = [[0, 70, 129, 3], [1, 0, 64, 5]]
+    rows = [torch.randn(sum(n), 2, 64, generator=g).to("cuda", torch.bfloat16) for n in lens]
+    offsets = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda") for n in lens]
+    q = torch.randn(sum(lens[1]), 4, 64, generator=g).to("cuda", torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for r, o in zip(rows, offsets):
+            cache.append(r, r * 0.5, o)
+        served = cache.attend(q, offsets[1], max_q_len=64, causal=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    history = [torch.cat([r[o[b]:o[b + 1]] for r, o in zip(rows, offsets)]) for b in range(4)]
+    k_all = torch.cat(history)
+    want = jfa.jagged_attention(q, k_all, k_all * 0.5, offsets[1], cache.offsets, causal=True, backend="triton")
+    assert torch.equal(served, want)
+    graph, step_q = torch.cuda.CUDAGraph(), q.clone()
+    cache.clear()
+    with torch.cuda.graph(graph):
+        cache.append(rows[1], rows[1] * 0.5, offsets[1])
+        out = cache.attend(step_q, offsets[1], max_q_len=64, causal=True)
+    cache.clear()
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = jfa.jagged_attention(step_q, rows[1], rows[1] * 0.5, offsets[1], offsets[1].clone(), causal=True,
+                                 backend="triton")
+    assert torch.equal(out, fresh)
+
+
 def test_gpu_cuda_graph_replay_with_new_offsets():
     """Capture forward + backward once; replay with other lengths (same B and total) in the same buffers."""
     d, h = 64, 4

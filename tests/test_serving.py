@@ -133,3 +133,75 @@ def test_serving_refuses_more_queries_than_keys():
     with pytest.raises(ValueError, match=r"last rows as queries.*sequence 1 has 4 queries but 2 keys"):
         jfa.jagged_attention(q, k, k, offsets_of([1, 4]), offsets_of([4, 2]), causal=True, activation="silu",
                              num_targets=torch.tensor([0, 1]))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_paged_keys_give_the_packed_bits(backend):
+    """k and v read through a page table (pages of 16 rows, scattered and out of order in a pool with spare pages)
+    give the same bits as the packed call: softmax and silu with HSTU's mask, sequences with no keys, one page, and
+    several."""
+    g = torch.Generator().manual_seed(1)
+    page, lens, q_lens = 16, [0, 5, 40, 33, 16], [0, 2, 7, 33, 1]
+    pool_pages = len(lens) * 3 + 2
+    table = torch.randperm(pool_pages, generator=g)[:len(lens) * 3].view(len(lens), 3).to(torch.int32)
+    k_pool, v_pool = (torch.randn(pool_pages * page, 2, 32, generator=g) for _ in range(2))
+    kv_offsets, q_offsets = offsets_of(lens), offsets_of(q_lens)
+    rows = jfa.jagged.paged_rows(table, kv_offsets, page)
+    q = torch.randn(sum(q_lens), 4, 32, generator=g)
+    for opts in (dict(causal=True), dict(activation="silu", out_scale=0.1, num_targets=torch.tensor([0, 1, 3, 0, 1]),
+                                           contextual_len=1, causal=True, window=(9, 0))):
+        with torch.no_grad():
+            paged = jfa.jagged_attention(q, k_pool, v_pool, q_offsets, kv_offsets, page_table=table, page_size=page,
+                                         backend=backend, **opts)
+            packed = jfa.jagged_attention(q, k_pool[rows], v_pool[rows], q_offsets, kv_offsets, backend=backend,
+                                          **opts)
+        assert torch.equal(paged, packed), (paged - packed).abs().max()
+
+
+@pytest.mark.interpreter
+def test_cache_appends_and_serves_the_histories():
+    """jfa.KVCache: three appends (some users with no new rows, one with no history at all, rows crossing pages),
+    then the new rows' queries against each whole history: what the packed call on the histories gives."""
+    g = torch.Generator().manual_seed(2)
+    batch, h, d = 4, 2, 16
+    cache = jfa.KVCache(batch, capacity=70, heads=h, head_dim=d, page_size=16, dtype=torch.float32)
+    history = [[] for _ in range(batch)]
+    for step_lens in ([5, 0, 20, 1], [0, 0, 17, 3], [2, 0, 30, 16]):
+        new = offsets_of(step_lens)
+        k_new, v_new = (torch.randn(sum(step_lens), h, d, generator=g) for _ in range(2))
+        cache.append(k_new, v_new, new)
+        for b, (lo, hi) in enumerate(zip(new[:-1].tolist(), new[1:].tolist())):
+            history[b].append((k_new[lo:hi], v_new[lo:hi]))
+    assert cache.lengths.tolist() == [7, 0, 67, 20]
+    k_all = torch.cat([torch.cat([kv[0] for kv in hist]) for hist in history])
+    v_all = torch.cat([torch.cat([kv[1] for kv in hist]) for hist in history])
+    q_lens = [2, 0, 30, 16]  # the last append's rows
+    q = torch.randn(sum(q_lens), h, d, generator=g)
+    for backend in ("reference", "triton"):
+        served = cache.attend(q, offsets_of(q_lens), causal=True, backend=backend)
+        want = jfa.jagged_attention(q, k_all, v_all, offsets_of(q_lens), cache.offsets, causal=True,
+                                    backend=backend)
+        assert torch.equal(served, want), backend
+    assert cache.capacity == 80  # (70 rounded up to whole pages)
+    with pytest.raises(RuntimeError, match="capacity"):
+        cache.append(torch.zeros(14, h, d), torch.zeros(14, h, d), offsets_of([0, 0, 14, 0]))
+
+
+def test_paged_keys_are_forward_only_and_checked():
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(64, 1, 8, generator=g)
+    q, table, kvo, qo = torch.randn(3, 1, 8, generator=g), torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), \
+        offsets_of([20, 9]), offsets_of([1, 2])
+    with pytest.raises(ValueError, match="forward only"):
+        jfa.jagged_attention(q.requires_grad_(), k, k, qo, kvo, page_table=table, page_size=16)
+    q = q.detach()
+    with pytest.raises(ValueError, match=r"sequence 0 has 40 keys but its page table row holds 32"):
+        jfa.jagged_attention(q, k, k, qo, offsets_of([40, 9]), page_table=table, page_size=16)
+    with pytest.raises(ValueError, match=r"page_table\[1, 0\] = 7 is not a page of the pool \(0 to 3\)"):
+        jfa.jagged_attention(q, k, k, qo, kvo, page_table=torch.tensor([[0, 1], [7, 3]], dtype=torch.int32),
+                             page_size=16)
+    with pytest.raises(ValueError, match="not a multiple of page_size"):
+        jfa.jagged_attention(q, k[:40], k[:40], qo, kvo, page_table=table, page_size=16)
+    with pytest.raises(ValueError, match="kv_offsets of their own"):
+        jfa.jagged_attention(k[:29], k[:29], k[:29], kvo, page_table=table, page_size=16)

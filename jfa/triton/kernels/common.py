@@ -21,6 +21,18 @@ def mma(a, b, FORM: tl.constexpr):
 
 
 @triton.jit
+def key_rows(o_n, table, PAGE: tl.constexpr, m_n):
+    """Rows of k and v that hold keys o_n of the current sequence: o_n itself (packed: k and v based at the
+    sequence's first key), or paged (table: the sequence's row of the page table, PAGE rows a page) page * PAGE +
+    o_n % PAGE from the pool's first row (keys outside m_n read page 0)."""
+    if table is None:
+        return o_n
+    else:
+        page = tl.load(table + o_n // PAGE, mask=m_n, other=0)
+        return page.to(tl.int64) * PAGE + o_n % PAGE
+
+
+@triton.jit
 def tile_of(seq_id, tiles, offsets, mask, BLOCK: tl.constexpr):
     """Program i_tile's tile of the tile table (a real one: seq_id = tiles[0][i_tile] >= 0), of BLOCK rows: (its
     first row, q_start, kv_start, (Lq, Lk), the mask's rule and the sequence as jfa.geometry takes them)."""

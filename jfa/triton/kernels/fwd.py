@@ -8,22 +8,23 @@ In broadcast mode every sequence reads the same dense q rows [0, Lq); output row
 
 Arguments (jfa.triton.launch): each tensor with its strides as one tuple (q, k, v, o: (pointer, row stride, head
 stride); lse: (pointer, head stride)), offsets = (q_offsets, kv_offsets), tiles = (table, capacity), the score
-and mask groups (jfa.variants.score_args, jfa.problem.Problem.mask_args), and two constexprs: FORM (launch.Form:
-tiles, head dim, GQA group, modes) and SCORE.
+and mask groups (jfa.variants.score_args, jfa.problem.Problem.mask_args), the page group (launch.page_args: None,
+or paged k and v for serving), and two constexprs: FORM (launch.Form: tiles, head dim, GQA group, modes) and SCORE.
 """
 import triton
 import triton.language as tl
 
 from ... import variants
 from ...geometry import key_blocks, visible
-from .common import mma, tile_of
+from .common import key_rows, mma, tile_of
 
 
 @triton.jit
 def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM: tl.constexpr,
                 MASKED: tl.constexpr, SCORE: tl.constexpr):
-    """Key blocks [start, end) of kv = (K, V, stride_kt, stride_vt), both at the sequence's key 0, into (acc, state)."""
-    K, V, stride_kt, stride_vt = kv
+    """Key blocks [start, end) of kv = (K, V, stride_kt, stride_vt, pages) into (acc, state): K and V at the
+    sequence's key 0, pages None; or paged, at the pool's row 0, pages = (the sequence's page table row, PAGE)."""
+    K, V, stride_kt, stride_vt, pages = kv
     FAST: tl.constexpr = FORM.fast
     offs_n = tl.arange(0, FORM.block_n)
     offs_d = tl.arange(0, FORM.block_d)
@@ -31,7 +32,8 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM:
     for n0 in range(start, end, FORM.block_n):
         o_n = n0 + offs_n
         m_n = o_n < seq[1]
-        p_k = K + o_n[None, :] * stride_kt + offs_d[:, None]
+        r_n = key_rows(o_n, pages[0], pages[1], m_n)
+        p_k = K + r_n[None, :] * stride_kt + offs_d[:, None]
         b_kt = tl.load(p_k, mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
         b_s = mma(b_q, b_kt, FORM) * score[0]  # [BLOCK_M, BLOCK_N], base-2 logits with softmax
         if MASKED and variants.masks_scores(SCORE):
@@ -40,16 +42,17 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM:
         b_p, state, alpha = variants.weights(b_s, state, (1.0, ), SCORE, EMPTY_ROWS=MASKED, FAST=FAST)
         if MASKED and not variants.masks_scores(SCORE):
             b_p = variants.hide(b_p, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
-        p_v = V + o_n[:, None] * stride_vt + offs_d[None, :]
+        p_v = V + r_n[:, None] * stride_vt + offs_d[None, :]
         b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + mma(b_p.to(b_v.dtype), b_v, FORM)
     return acc, state
 
 
 @triton.jit
-def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, FORM: tl.constexpr, SCORE: tl.constexpr):
+def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, pages, FORM: tl.constexpr,
+                         SCORE: tl.constexpr):
     """One program per (tile of the tile table, head): query rows [m0, m0 + BLOCK_M) of one sequence, its output
-    and (has_lse) lse."""
+    and (has_lse) lse. pages: None, or paged k and v (jfa.triton.launch.page_args)."""
     i_tile = tl.program_id(0)
     i_h = tl.program_id(1)
     seq_id = tl.load(tiles[0] + i_tile)
@@ -62,8 +65,11 @@ def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, FORM: tl.
     if not FORM.broadcast:  # broadcast: every sequence reads the same dense q rows
         Q += q_start.to(tl.int64) * q[1]
     i_hk = i_h // FORM.group
-    kv = (k[0] + (kv_start.to(tl.int64) * k[1] + i_hk * k[2]), v[0] + (kv_start.to(tl.int64) * v[1] + i_hk * v[2]),
-          k[1], v[1])
+    if pages is None:
+        kv = (k[0] + (kv_start.to(tl.int64) * k[1] + i_hk * k[2]), v[0] + (kv_start.to(tl.int64) * v[1] + i_hk * v[2]),
+              k[1], v[1], (None, 1))
+    else:  # the pool's rows through the sequence's row of the page table
+        kv = (k[0] + i_hk * k[2], v[0] + i_hk * v[2], k[1], v[1], (pages[0] + seq_id.to(tl.int64) * pages[1], pages[2]))
 
     offs_m = m0 + tl.arange(0, FORM.block_m)
     offs_d = tl.arange(0, FORM.block_d)
