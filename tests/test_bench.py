@@ -74,9 +74,9 @@ def recipe(batch, max_len, dist, seed):
     u = torch.rand(batch, generator=g)
     if dist == "full":
         return [max_len] * batch
-    vals = u if dist == "uniform" else u ** 3
+    vals = u if dist == "uniform" else u * 64 / max_len if dist == "spike" else u ** 3
     lens = [max(1, math.floor(float(x) * max_len)) for x in vals]
-    if dist == "skewed":
+    if dist in ("skewed", "spike"):
         lens[0] = max_len
     return lens
 

@@ -7,6 +7,7 @@ The suite file (default: the packaged ``jfa/workloads.json``) holds ``{"about": 
     uniform: L = max(1, floor(u * max_len))
     skewed:  L = max(1, floor(u**3 * max_len)), then L[0] = max_len
     full:    L = max_len for every sequence
+    spike:   L = max(1, floor(u * 64)), then L[0] = max_len (one long history among many short ones)
 
 HSTU's mask (targets [lo, hi]: each sequence's last targets, drawn uniformly with seed + 2 and clamped to its
 length; contextual_len) goes with causal self-attention, or cross-attention with q_len (serving: each sequence's
@@ -27,7 +28,8 @@ import torch
 
 from ..jagged import causal_window, visible_pairs
 
-DISTS = ("uniform", "skewed", "full")
+DISTS = ("uniform", "skewed", "full", "spike")
+SPIKE_REST = 64  # dist "spike": the short sequences' bound
 MODES = ("self", "cross", "broadcast")
 
 
@@ -161,12 +163,14 @@ def draw_lengths(batch: int, max_len: int, dist: str, seed: int) -> torch.Tensor
     u = torch.rand(batch, generator=g)
     if dist == "uniform":
         x = u * max_len
+    elif dist == "spike":
+        x = u * SPIKE_REST
     elif dist == "skewed":
         x = u ** 3 * max_len
     else:
         raise ValueError(f"unknown dist {dist!r}; expected one of {DISTS}")
     lens = torch.clamp(torch.floor(x).to(torch.int64), min=1)
-    if dist == "skewed" and batch > 0:
+    if dist in ("skewed", "spike") and batch > 0:
         lens[0] = max_len
     return lens
 
