@@ -186,10 +186,12 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
     values = checks.offsets_values_checked([q_offsets, kv_offsets], max_q_len is not None and max_kv_len is not None)
     out_scale, row_scale = checks.check_out_scale(out_scale, activation, rows, q.device, values)
-    if page_table is not None and backend == "hopper":
-        raise ValueError("backend 'hopper' does not read paged k/v yet: backend='triton' or 'auto'")
+    if page_table is not None and backend == "hopper" and page_size % 128:
+        raise ValueError(f"backend 'hopper' reads pages of a multiple of 128 rows (a key block never crosses a "
+                         f"page), got page_size={page_size}")
+    paged_auto = page_table is not None and backend == "auto"
     backend = select(backend, q.device, q.shape[2], q.dtype)
-    backend = "triton" if page_table is not None and backend == "hopper" else backend  # (auto's pick)
+    backend = "triton" if paged_auto and backend == "hopper" else backend  # (until hopper's pages are measured)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,

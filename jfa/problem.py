@@ -106,6 +106,18 @@ class Problem:
         """HSTU's mask in cross-attention: each sequence's queries are its last rows (serving)."""
         return self.targets and not self.self_attention
 
+    def page_args(self):
+        """The forward kernels' page group: None (k and v packed by kv_offsets), or (page_table, its row stride, PAGE:
+        rows per page, a constexpr) for paged k and v."""
+        if not self.paged:
+            return None
+        import triton.language as tl
+        return (self.page_table, self.page_table.stride(0), tl.constexpr(self.page_size))
+
+    def key_rows_bound(self) -> int:
+        """At least the batch's keys, from shapes alone: k's rows, or for paged k/v what the page table holds."""
+        return self.page_table.numel() * self.page_size if self.paged else self.k.shape[0]
+
     def mask_args(self) -> tuple:
         """The kernels' mask group (jfa.geometry.mask_group: jfa.geometry.mask_rule reads it)."""
         from .geometry import mask_group

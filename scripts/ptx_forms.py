@@ -38,8 +38,8 @@ def _triton_forms():
 
 def _variant_forms():
     """The attention variants' forms (bf16, self-attention): every Hopper kernel form with silu and gelu_tanh, the
-    HSTU mask's with softmax and silu (and with silu in serving: each sequence's last rows as queries), and the
-    portable kernels with the activations."""
+    HSTU mask's with softmax and silu (and with silu in serving: each sequence's last rows as queries), the forward
+    on paged k/v, and the portable kernels with the activations."""
     import torch
 
     from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd
@@ -61,6 +61,9 @@ def _variant_forms():
                 forms[f"hdkdv-{tag}-{name}"] = lambda d=d, kw=kw, r=route, f=cfg: compile_dkdv(
                     d, bf16, False, f(select_dkdv(d, r)), **kw).ptx
             forms[f"hdq-{tag}-skip0"] = lambda d=d, kw=kw: compile_dq(d, bf16, False, **kw).ptx
+        for mean, name in ((float("inf"), "long"), (300, "short"), (64, "tile")):  # paged k/v (serving)
+            forms[f"hfwd-bf16-d{d}-paged-{name}"] = lambda d=d, m=mean: compile_fwd(d, bf16, False, select_fwd(d, m),
+                                                                                    paged=True).ptx
         for act in ("silu", "gelu_tanh"):
             for name in ("fwd", "dkdv", "dq"):
                 forms[f"t{name}-bf16-d{d}-{act}"] = lambda n=name, d=d, a=act: compile_kernel(n, d, bf16,

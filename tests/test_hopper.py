@@ -299,3 +299,30 @@ def test_hopper_target_mask_forms(form, route, mask):
                                   lambda *args: hopper.backward(*args, plan=plan), "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("score", ["softmax", "silu-targets"])
+@pytest.mark.parametrize("form", list(FWD_FORMS))
+def test_hopper_forward_reads_pages(form, score):
+    """Paged k and v (pages of 128 rows scattered through a pool with spare pages: jfa.KVCache's layout) through
+    every D=128 forward form: the packed call's bits, serving's queries (each sequence's last rows)."""
+    from jfa.api import problem
+    g = torch.Generator().manual_seed(21)
+    page, lens = 128, GPU_LENS
+    q_lens = serving_lens(lens)
+    per_seq = -(-max(lens) // page)
+    pool_pages = len(lens) * per_seq + 3
+    table = torch.randperm(pool_pages, generator=g)[:len(lens) * per_seq].view(len(lens), per_seq)
+    k_pool, v_pool = (torch.randn(pool_pages * page, 2, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+    q = torch.randn(sum(q_lens), 4, 128, generator=g).to("cuda", torch.bfloat16)
+    qo, ko = (torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+              for x in (q_lens, lens))
+    table = table.to("cuda", torch.int32)
+    rows = jfa.jagged.paged_rows(table, ko, page)
+    opts = dict(causal=True) if score == "softmax" else dict(
+        causal=True, activation="silu", out_scale=1 / 2048, contextual_len=1,
+        num_targets=torch.tensor([0, 1, 2, 5, 0, 1, 9, 3, 1, 0, 20, 7], dtype=torch.int32, device="cuda"))
+    paged = problem(q, k_pool, v_pool, qo, ko, page_table=table, page_size=page, backend="hopper", **opts)
+    packed = problem(q, k_pool[rows], v_pool[rows], qo, ko, backend="hopper", **opts)
+    cfg = config.for_problem(FWD_FORMS[form], paged)
+    assert torch.equal(hopper.forward(paged, cfg)[0], hopper.forward(packed, cfg)[0])

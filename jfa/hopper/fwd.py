@@ -62,7 +62,27 @@ class FwdOutput:
 
 
 @gluon.jit
-def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
+def _page_row(work, idx, pages):
+    """Paged k and v (pages: the page table, its row stride, PAGE rows a page; jfa.problem.Problem.page_args): the
+    item's row of the page table; packed (pages None): 0, unread (a jit function returns no None)."""
+    if pages is None:
+        return 0
+    else:
+        return pages[0] + work.sequence(idx).to(gl.int64) * pages[1]
+
+
+@gluon.jit
+def _key_row(tile, n0, page_row, pages):
+    """The row of k and v that holds the tile's key n0: kv_start + n0 packed; paged, through the page table (BLOCK_N
+    divides PAGE: a block never crosses a page)."""
+    if pages is None:
+        return tile.kv_start + n0
+    else:
+        return gl.load(page_row + n0 // pages[2]) * pages[2] + n0 % pages[2]
+
+
+@gluon.jit
+def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages):
     HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
     it = 0  # K/V blocks loaded so far
     t = 0  # items loaded so far
@@ -80,10 +100,12 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv):
                 else:  # no rows for consumer w: it reads no Q
                     q_ops.skip(t, w)
             col = (tile.head // shape.GROUP) * HEAD_DIM
+            page_row = _page_row(work, idx, pages)
             for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
                 lo, hi = tile.part(part)
                 for n0 in range(lo, hi, shape.BLOCK_N):
-                    kv.fill(it, k_desc, [tile.kv_start + n0, col], v_desc, [tile.kv_start + n0, col])
+                    row = _key_row(tile, n0, page_row, pages)
+                    kv.fill(it, k_desc, [row, col], v_desc, [row, col])
                     it += 1
             t += 1
     if q_ops.POSTED:
@@ -235,11 +257,11 @@ def _store(out, acc, state, row0, tile, s_rows: gl.constexpr, dtype: gl.constexp
 
 
 @gluon.jit
-def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mask, GROUP: gl.constexpr,
+def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mask, pages, GROUP: gl.constexpr,
                       BROADCAST: gl.constexpr, CFG: gl.constexpr, SCORE: gl.constexpr):
     """o: O as (pointer, row stride, head stride); lse: (LSE, head stride); offsets: (q_offsets, kv_offsets);
-    sched: the schedule's (jfa.schedule.Schedule.kernel_args); score, mask: jfa.variants.score_args,
-    jfa.problem.Problem.mask_args; CFG: the FwdConfig; SCORE: jfa.variants.score_fn."""
+    sched: the schedule's (jfa.schedule.Schedule.kernel_args); score, mask, pages: jfa.variants.score_args,
+    jfa.problem.Problem.mask_args, .page_args; CFG: the FwdConfig; SCORE: jfa.variants.score_fn."""
     CONSUMERS: gl.constexpr = CFG.consumers
     STAGES: gl.constexpr = CFG.stages
     POSTED: gl.constexpr = CFG.posted_items
@@ -254,12 +276,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
         gl.warp_specialize([
             (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
             (_softmax_partition, (1, shape, work, batch, q_ops, kv, out)),
-            (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv)),
+            (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages)),
         ], [4, 1], [232, 40])
     else:
         gl.warp_specialize([
             (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
-            (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv)),
+            (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages)),
         ], [1], [24])
 
 
@@ -276,7 +298,7 @@ def constexprs(cfg: FwdConfig, p: Problem) -> dict:
 def kernel_args(p: Problem, descs, out, lse, sched) -> tuple:
     """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors)."""
     return (*descs, rows(out), (lse, lse.stride(0)), (p.q_offsets, p.kv_offsets), sched.kernel_args(),
-            score_args(p), p.mask_args())
+            score_args(p), p.mask_args(), p.page_args())
 
 
 def forward(p: Problem, cfg: FwdConfig | None = None):
@@ -284,6 +306,9 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     bf16/fp16, D in (64, 128)."""
     cfg = cfg or fwd_config(p)
     check_posted(cfg, p)
+    if p.paged and p.page_size % cfg.block_n:
+        raise ValueError(f"paged k/v: page_size {p.page_size} is not a multiple of the forward's key block "
+                         f"{cfg.block_n}")
     q, k, v = p.q, p.k, p.v
     out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.heads, p.lse_rows, dtype=torch.float32, device=q.device)
@@ -293,7 +318,7 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
         return out.zero_(), lse.fill_(float("-inf"))
     ctas = num_sms(q.device) * cfg.ctas_per_sm
     spec = query_tile_schedule(p, p.rows, cfg.block_m, ctas)
-    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
+    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, p.key_rows_bound(), p.num_targets)
     q, k, v = aligned(q, k, v)
     hopper_fwd_kernel[(ctas, )](*kernel_args(p, descriptors(q, k, v, cfg), out, lse, sched), **constexprs(cfg, p),
                                 num_warps=4, **cfg.launch_options())

@@ -110,6 +110,12 @@ class WorkList:
         return gl.load(self.sm_start + i_sm), gl.load(self.sm_start + i_sm + 1)
 
     @gluon.jit
+    def sequence(self, idx):
+        """Slot idx's sequence (its index in the batch)."""
+        item = gl.load(self.order + idx)
+        return gl.maximum(gl.load(self.tiles + gl.maximum(item, 0) // self.heads), 0)
+
+    @gluon.jit
     def query_tile(self, idx, batch, shape):
         """Slot idx's Item when the items are query tiles of shape.BLOCK_M rows (forward, dQ pass): their keys."""
         return self._item(idx, batch, shape.BLOCK_M, shape.BLOCK_N, False)

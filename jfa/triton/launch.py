@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton.language as tl
 
 from ..bwd_common import block_d, delta, scaled_rows, sum_broadcast_dq
 from ..jagged import tile_table
@@ -94,18 +93,10 @@ def rows(x):
     return (x, x.stride(0), x.stride(1))
 
 
-def page_args(p: Problem):
-    """The forward's page group: None (k and v packed by kv_offsets), or (page_table, its row stride, PAGE: the
-    rows per page, a constexpr) for paged k/v (kernels.common.key_rows)."""
-    if not p.paged:
-        return None
-    return (p.page_table, p.page_table.stride(0), tl.constexpr(p.page_size))
-
-
 def fwd_args(p: Problem, out, lse, tiles) -> tuple:
     """attention_fwd_kernel's run-time arguments (the launcher's, and jfa.triton.aot's on meta tensors)."""
     return (rows(p.q), rows(p.k), rows(p.v), rows(out), (lse, lse.stride(0)), (p.q_offsets, p.kv_offsets),
-            (tiles, tiles.shape[1]), score_args(p), p.mask_args(), page_args(p))
+            (tiles, tiles.shape[1]), score_args(p), p.mask_args(), p.page_args())
 
 
 def bwd_args(p: Problem, dout, lse, delta, grads: tuple, tiles) -> tuple:

@@ -8,7 +8,7 @@ In broadcast mode every sequence reads the same dense q rows [0, Lq); output row
 
 Arguments (jfa.triton.launch): each tensor with its strides as one tuple (q, k, v, o: (pointer, row stride, head
 stride); lse: (pointer, head stride)), offsets = (q_offsets, kv_offsets), tiles = (table, capacity), the score
-and mask groups (jfa.variants.score_args, jfa.problem.Problem.mask_args), the page group (launch.page_args: None,
+and mask groups (jfa.variants.score_args, jfa.problem.Problem.mask_args), the page group (Problem.page_args: None,
 or paged k and v for serving), and two constexprs: FORM (launch.Form: tiles, head dim, GQA group, modes) and SCORE.
 """
 import triton
@@ -52,7 +52,7 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM:
 def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, pages, FORM: tl.constexpr,
                          SCORE: tl.constexpr):
     """One program per (tile of the tile table, head): query rows [m0, m0 + BLOCK_M) of one sequence, its output
-    and (has_lse) lse. pages: None, or paged k and v (jfa.triton.launch.page_args)."""
+    and (has_lse) lse. pages: None, or paged k and v (jfa.problem.Problem.page_args)."""
     i_tile = tl.program_id(0)
     i_h = tl.program_id(1)
     seq_id = tl.load(tiles[0] + i_tile)
