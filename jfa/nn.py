@@ -10,6 +10,8 @@
     z = pool(x, offsets)                          # [B, 4, 512]: learned seed queries attend each sequence
     hstu = jfa.nn.HSTULayer(512, 4, max_seq_len=4096)
     y = hstu(x, offsets)                          # HSTU's block: SiLU attention gated by U, residual
+    cache = hstu.make_cache(batch=B, capacity=4096)
+    y_new = hstu.serve(x_new, new_offsets, cache) # serving: new rows against each user's cached history
 
 Every layer projects to heads (GQA when ``num_kv_heads < num_heads``), calls jfa's attention and projects back.
 ``max_len`` hints (the longest sequence, a Python int) make a call on CUDA free of host syncs. ``attention``
@@ -121,11 +123,7 @@ class JaggedSelfAttention(_Heads):
     def forward(self, x, offsets=None, *, max_len=None, num_targets=None, contextual_len=0):
         """num_targets, contextual_len: HSTU's mask (jfa.jagged_attention's; needs causal=True)."""
         values, offsets, max_len, was_njt = _unpack(x, offsets, max_len)
-        if self.fused_qkv:
-            q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = self.qkv_proj(values).split((q_width, kv_width, kv_width), dim=-1)
-        else:
-            q, k, v = self.q_proj(values), self.k_proj(values), self.v_proj(values)
+        q, k, v = self._qkv(values)
         attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
         out = attend(self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads),
                      self._heads(v, self.num_kv_heads), offsets, max_q_len=max_len, max_kv_len=max_len,
@@ -133,8 +131,41 @@ class JaggedSelfAttention(_Heads):
                      **_targets(num_targets, contextual_len), **self._score())
         return _repack(self.out_proj(out.flatten(-2)), offsets, max_len, was_njt)
 
+    def make_cache(self, batch: int, capacity: int, **kw):
+        """A jfa.KVCache for this layer's keys and values (kw: page_size, dtype, device)."""
+        from .cache import KVCache
+        return KVCache(batch, capacity, self.num_kv_heads, self.head_dim, **kw)
+
+    def _qkv(self, values):
+        if self.fused_qkv:
+            q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            return self.qkv_proj(values).split((q_width, kv_width, kv_width), dim=-1)
+        return self.q_proj(values), self.k_proj(values), self.v_proj(values)
+
+    @torch.no_grad()
+    def serve(self, x, offsets, cache, *, max_len=None, num_targets=None, contextual_len=0):
+        """Serving (causal): each user's new rows x ``[T, embed_dim]`` (offsets ``[B+1]``, zero rows allowed)
+        appended to this layer's cache (make_cache), then attended against each user's whole sequence: the rows
+        forward gives for them on the whole sequences. max_len: the most new rows of a user (no host sync on
+        CUDA with it); num_targets, contextual_len: HSTU's mask, counted on the whole sequences (a contextual
+        prefix sees the whole history: its rows, once served, are not served again as the history grows)."""
+        _check_serving(self.causal, self.attention)
+        q, k, v = self._qkv(x)
+        cache.append(self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads), offsets)
+        out = cache.attend(self._heads(q, self.num_heads), offsets, max_q_len=max_len, window=self.window,
+                           scale=self.scale, backend=self.backend, causal=True, **_targets(num_targets, contextual_len),
+                           **self._score())
+        return self.out_proj(out.flatten(-2))
+
     def extra_repr(self):
         return f"{self._extra()}, causal={self.causal}, window={self.window}, fused_qkv={self.fused_qkv}"
+
+
+def _check_serving(causal, attention):
+    if not causal:
+        raise ValueError("serve() needs causal=True: a served row sees the rows before it, never later ones")
+    if attention is not None:
+        raise ValueError("serve() reads the cache with jfa's kernels: the layer's attention callable takes no cache")
 
 
 def _targets(num_targets, contextual_len):
@@ -273,6 +304,30 @@ class HSTULayer(nn.Module):
                    **_targets(num_targets, contextual_len))
         y = values + self.out_proj(self.attn_norm(a.flatten(-2)) * u)
         return _repack(y, offsets, max_len, was_njt)
+
+    def make_cache(self, batch: int, capacity: int, **kw):
+        """A jfa.KVCache for this layer's keys and values (kw: page_size, dtype, device)."""
+        from .cache import KVCache
+        if self.attn_dim != self.head_dim:
+            raise ValueError(f"a cache holds keys and values of one width: attn_dim {self.attn_dim} != head_dim "
+                             f"{self.head_dim}")
+        return KVCache(batch, capacity, self.num_heads, self.head_dim, **kw)
+
+    @torch.no_grad()
+    def serve(self, x, offsets, cache, *, max_len=None, num_targets=None, contextual_len=0):
+        """Serving: each user's new rows x ``[T, embed_dim]`` (offsets ``[B+1]``) appended to this layer's cache
+        (make_cache) and attended against each user's whole sequence, as JaggedSelfAttention.serve: the rows forward
+        gives for them on the whole sequences (N: max_seq_len, else the cache's longest sequence, one host sync)."""
+        _check_serving(self.causal, self.attention)
+        width_v, width_qk = self.num_heads * self.head_dim, self.num_heads * self.attn_dim
+        u, v, q, k = F.silu(self.uvqk(self.norm(x))).split((width_v, width_v, width_qk, width_qk), dim=-1)
+        heads = functools.partial(torch.Tensor.unflatten, dim=-1, sizes=(self.num_heads, -1))
+        cache.append(heads(k), heads(v), offsets)
+        n = self.max_seq_len or int(cache.lengths.max().clamp(min=1))
+        a = cache.attend(heads(q), offsets, max_q_len=max_len, window=self.window, scale=self.scale,
+                         backend=self.backend, causal=True, activation="silu", out_scale=1.0 / n,
+                         **_targets(num_targets, contextual_len))
+        return x + self.out_proj(self.attn_norm(a.flatten(-2)) * u)
 
     def extra_repr(self):
         return (f"{self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, attn_dim={self.attn_dim}, "

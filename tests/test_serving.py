@@ -205,3 +205,34 @@ def test_paged_keys_are_forward_only_and_checked():
         jfa.jagged_attention(q, k[:40], k[:40], qo, kvo, page_table=table, page_size=16)
     with pytest.raises(ValueError, match="kv_offsets of their own"):
         jfa.jagged_attention(k[:29], k[:29], k[:29], kvo, page_table=table, page_size=16)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("layer", ["self-attention", "hstu"])
+def test_layers_serve_the_rows_forward_gives(layer):
+    """A layer's serve(): the histories appended first (their rows served: forward's on the histories), then a
+    request's new rows with HSTU's targets among them: forward's rows on the whole sequences (causal; one user with
+    no new rows, one with no history). (A contextual prefix sees the whole history, so its rows served before the
+    new rows came are the histories', not the whole sequences'.)"""
+    torch.manual_seed(0)
+    if layer == "hstu":
+        m = jfa.nn.HSTULayer(32, 2, max_seq_len=64, backend="triton")
+    else:
+        m = jfa.nn.JaggedSelfAttention(32, 2, num_kv_heads=1, causal=True, window=(20, 0), backend="triton")
+    hist, new = [9, 30, 0, 17], [3, 0, 5, 2]
+    whole = [h + n for h, n in zip(hist, new)]
+    x = torch.randn(sum(whole), 32)
+    offsets = offsets_of(whole)
+    parts = [torch.arange(o, o + h) for o, h in zip(offsets.tolist(), hist)]
+    new_rows = torch.cat([torch.arange(o + h, o + h + n) for o, h, n in zip(offsets.tolist(), hist, new)])
+    hist_rows = torch.cat(parts)
+    targets = torch.tensor([2, 0, 5, 1])
+    no_targets = torch.zeros(4, dtype=torch.int64)
+    with torch.no_grad():
+        want = m(x, offsets, num_targets=targets, contextual_len=2)
+        want_hist = m(x[hist_rows], offsets_of(hist), num_targets=no_targets, contextual_len=2)
+    cache = m.make_cache(batch=4, capacity=48, page_size=16, dtype=torch.float32)
+    served_hist = m.serve(x[hist_rows], offsets_of(hist), cache, num_targets=no_targets, contextual_len=2)
+    served_new = m.serve(x[new_rows], offsets_of(new), cache, num_targets=targets, contextual_len=2)
+    torch.testing.assert_close(served_hist, want_hist, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(served_new, want[new_rows], atol=2e-5, rtol=1e-4)
