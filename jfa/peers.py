@@ -175,6 +175,33 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
     return triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0), contextual_len)
 
 
+def hstu_cached_refusal(q_lens, right, activation, out_scale, max_len) -> str | None:
+    """None, or why HSTU's cached kernel (serving) cannot compute this: besides hstu_refusal's terms, every
+    sequence's queries are its last rows, one count for all (its DeltaSize: rows // B)."""
+    refusal = hstu_refusal(True, right, activation, out_scale, max_len)
+    if refusal:
+        return refusal.replace("self-attention", "attention")
+    if len(q_lens) and bool((q_lens != q_lens[0]).any()):
+        return "HSTU's cached kernel takes the same number of new rows for every sequence"
+    return None
+
+
+def hstu_cached_attention(q, k, v, q_offsets, kv_offsets, *, max_q_len=None, max_kv_len=None, causal=False,
+                          window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
+                          contextual_len=0):
+    """HSTU's cached kernel (triton_cached_hstu_mha, serving): each sequence's last Lq rows (one Lq for all) as
+    queries against the whole sequence, causal silu with out_scale 1 / N; checked by hstu_cached_refusal on the
+    caller's side (it reads the lengths). k and v are repeated per query head (no GQA)."""
+    from generative_recommenders.ops.triton.triton_hstu_attention import triton_cached_hstu_mha
+    left, _ = causal_window(causal, window)
+    if q.shape[1] != k.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    targets = None if num_targets is None else num_targets.to(torch.int64)
+    return triton_cached_hstu_mha(round(1.0 / out_scale), scale, q, k, v, kv_offsets.to(torch.int64),
+                                  num_targets=targets, max_attn_len=max(left, 0), contextual_seq_len=contextual_len)
+
+
 def broadcast_rows(q, kv_offsets):
     """Broadcast q as these libraries' users run it: q repeated per sequence, [B * Lq, H, D], and its offsets."""
     batch, lq = kv_offsets.numel() - 1, q.shape[0]

@@ -85,8 +85,9 @@ def test_packaged_suite_lengths_follow_the_recipe():
     about, workloads = suite.load_suite()
     assert "floor(u**3 * max_len)" in about and len(workloads) >= 9
     for w in workloads:
-        want = recipe(w.batch, w.max_len, w.dist, w.seed)  # (raised to a contextual prefix: suite.kv_lengths)
-        assert suite.kv_lengths(w).tolist() == [max(n, w.contextual_len) for n in want], w.name
+        want = recipe(w.batch, w.max_len, w.dist, w.seed)  # (raised to a contextual prefix and serving's q_len)
+        least = max(w.contextual_len, w.q_len if w.mode == "cross" and w.targets else 0)
+        assert suite.kv_lengths(w).tolist() == [max(n, least) for n in want], w.name
         lens = suite.kv_lengths(w)
         assert lens.min() >= 1 and lens.max() <= w.max_len
     names = [w.name for w in workloads]
@@ -510,3 +511,28 @@ def test_ablations_still_apply(tmp_path):
     assert "dq_writer_partition, (shape" in (dirs["main"] / "jfa" / bwd_py).read_text()
     with pytest.raises(ValueError, match="occurs 3 times"):
         ablate["apply"](dirs["main"] / "jfa", [(bwd_py, "gl.warp_specialize([", "")])
+
+
+def test_forward_only_providers_are_checked_on_the_output_and_timed_forward(monkeypatch):
+    """A serving kernel (no backward): the gate compares its output alone, and only its forward is timed; a wrong
+    output still fails the gate."""
+    w = suite.Workload("t", "cross", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16, q_len=3,
+                       window=(-1, 0), lengths=(9, 4))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+    ref = runner.reference_results(inp)
+
+    def served(scale=1.0):
+        with torch.no_grad():
+            out = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, causal=True)
+        return lambda: out * scale
+    assert runner.check(served(), inp, ref, forward_only=True)["correct"]
+    assert not runner.check(served(1.25), inp, ref, forward_only=True)["correct"]
+    m = runner.measure(served(), inp, 1e9, 2.5e9, forward_only=True)
+    assert m["fwd_ms"] > 0 and m["bwd_ms"] is None
+
+
+def test_hstu_cached_peer_refuses_jagged_new_rows():
+    from jfa.peers import hstu_cached_refusal
+    assert hstu_cached_refusal(torch.tensor([4, 4, 4]), 0, "silu", 1 / 64, 64) is None
+    assert "same number of new rows" in hstu_cached_refusal(torch.tensor([4, 3]), 0, "silu", 1 / 64, 64)
+    assert "causal silu attention" in hstu_cached_refusal(torch.tensor([4]), 0, "softmax", 1 / 64, 64)

@@ -18,6 +18,7 @@ can cache (FlexAttention's block mask) happens in ``build`` and is reported in `
                  its formula written out in PyTorch on the same padded tensors (jfa.peers.PaddedSDPA)
   compiled-padded  the same formula under torch.compile (activation workloads)
   hstu           HSTU's Triton kernel (jfa.peers.hstu_attention: causal silu self-attention, out scale 1 / N)
+  hstu-cached    HSTU's cached Triton kernel (jfa.peers.hstu_cached_attention: serving, forward only)
 The FlashAttention peers and Flex compute softmax only: they skip activation workloads.
 """
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Provider:
     name = "?"
     peer = True  # False for jfa's own providers (the ratios compare jfa with the fastest peer)
     needs = ""  # what it needs besides jfa's own install (`jfa bench --list`)
+    forward_only = False  # (serving kernels: checked on the output, timed forward alone)
 
     def describe(self) -> str:
         """One line: what it is (its docstring's first sentence) and what it needs."""
@@ -399,10 +401,34 @@ class HSTU(Provider):
         return fn, {"note": "k, v repeated per q head (no GQA)"} if w.heads_q != w.heads_kv else {}
 
 
+class HSTUCached(Provider):
+    """HSTU's cached Triton kernel (serving: the new rows against each cached history), as its users call it
+    (triton_cached_hstu_mha)."""
+    name = "hstu-cached"
+    needs = "generative-recommenders' ops on the path (scripts/carry_hstu.sh); serving workloads (cross with targets)"
+    forward_only = True  # (it has no backward)
+
+    def skip_reason(self, inp):
+        w = inp.workload
+        if w.mode != "cross" or inp.num_targets is None:
+            return "serving workloads only (cross-attention with HSTU's mask)"
+        return (peers.hstu_cached_refusal(inp.q_lens.cpu(), inp.window[1], w.activation, w.out_scale, inp.max_kv)
+                or peers.hstu_available() or _peer_checks(inp))
+
+    def build(self, inp):
+        w = inp.workload
+
+        def fn():
+            return peers.hstu_cached_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, window=inp.window,
+                                               scale=inp.scale, activation=w.activation, out_scale=w.out_scale,
+                                               num_targets=inp.num_targets, contextual_len=w.contextual_len)
+        return fn, {"note": "forward only (serving)"}
+
+
 def all_providers() -> list[Provider]:
     """jfa (auto), one jfa-<backend> per registered backend, jfa-softmax, then the peers."""
     return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax(), JfaCausal()]
-            + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU()])
+            + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU(), HSTUCached()])
 
 
 def select(names: str | None) -> list[Provider]:

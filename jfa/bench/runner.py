@@ -86,11 +86,13 @@ def _max_err(x, truth):
     return float((x.float() - truth).abs().max()) if truth.numel() else 0.0
 
 
-def run_provider_once(fn, inp: Inputs, dout=None):
-    """(out, dq, dk, dv) of one forward + backward through a provider."""
+def run_provider_once(fn, inp: Inputs, dout=None, forward_only=False):
+    """(out, dq, dk, dv) of one forward + backward through a provider; [out] of a forward-only one (serving)."""
     for t in inp.leaves():
         t.grad = None
     out = fn()
+    if forward_only:
+        return [out.detach()]
     out.backward(inp.dout if dout is None else dout)
     grads = [t.grad for t in inp.leaves()]
     for t in inp.leaves():
@@ -98,12 +100,13 @@ def run_provider_once(fn, inp: Inputs, dout=None):
     return [out.detach()] + grads
 
 
-def check(fn, inp: Inputs, ref, n: int | None = None) -> dict:
+def check(fn, inp: Inputs, ref, n: int | None = None, forward_only=False) -> dict:
     """The gate (see module doc): {"correct": bool, "errors": {name: [err, tol]}}.
 
     fn runs on the whole batch (one build, one compile, the inputs that are timed); the upstream gradient is
     zero past the first n sequences, so out, dk, dv of those sequences and dq (also in broadcast mode, where
     it sums over the batch) depend on them alone and compare with ``ref = reference_results(inp.prefix(n))``.
+    A forward-only provider (serving) is checked on out alone.
     """
     n = inp.batch if n is None else n
     truth, torch_err = ref
@@ -112,7 +115,7 @@ def check(fn, inp: Inputs, ref, n: int | None = None) -> dict:
     if n < inp.batch:
         dout = dout.clone()
         dout[rows:] = 0
-    got = run_provider_once(fn, inp, dout)
+    got = run_provider_once(fn, inp, dout, forward_only)
     cut = [rows, inp.q.shape[0] if inp.workload.broadcast else rows, kv_rows, kv_rows]
     eps = torch.finfo(inp.q.dtype).eps
     errors, ok = {}, True
@@ -179,9 +182,13 @@ def gpu_busy_ms(fn, device, leaves=(), reps=10) -> float | None:
     return None if total is None else max(total - (flush_only or 0.0), 0.0)
 
 
-def measure(fn, inp: Inputs, fwd_flops, bwd_flops, **timing) -> dict:
+def measure(fn, inp: Inputs, fwd_flops, bwd_flops, forward_only=False, **timing) -> dict:
     device = inp.q.device
     leaves = inp.leaves()
+    if forward_only:  # (serving: no backward exists)
+        fwd = time_ms(fn, device, leaves, **timing)
+        return {"fwd_ms": fwd[0], "fwd_p20_ms": fwd[1], "fwd_p80_ms": fwd[2], "fwd_tflops": fwd_flops / fwd[0] / 1e9,
+                "fwd_gpu_ms": gpu_busy_ms(fn, device, leaves), "bwd_ms": None, "peak_mb": None}
 
     def fwd_bwd():
         fn().backward(inp.dout)
@@ -282,11 +289,12 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
             key = None if like is None else tuple(sorted(like.items()))
             if key not in refs:
                 refs[key] = reference_results(gated, like)
-            verdict = check(fn, inp, refs[key], n)
+            forward_only = getattr(p, "forward_only", False)
+            verdict = check(fn, inp, refs[key], n, forward_only)
             res["check"] = {"seqs": n, "batch": inp.batch, "errors": verdict["errors"]}
             res["correct"] = verdict["correct"]
             if verdict["correct"]:
-                m = measure(fn, inp, fwd_flops, bwd_flops, **timing)
+                m = measure(fn, inp, fwd_flops, bwd_flops, forward_only, **timing)
                 for ph in ("fwd", "bwd"):
                     if floors and m.get(f"{ph}_ms"):
                         m[f"{ph}_floor_pct"] = 100 * floors[f"floor_{ph}_ms"] / m[f"{ph}_ms"]

@@ -11,7 +11,7 @@ The suite file (default: the packaged ``jfa/workloads.json``) holds ``{"about": 
 
 HSTU's mask (targets [lo, hi]: each sequence's last targets, drawn uniformly with seed + 2 and clamped to its
 length; contextual_len) goes with causal self-attention, or cross-attention with q_len (serving: each sequence's
-last rows against the whole sequence). Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
+last q_len rows against the whole sequence; lengths raised to q_len). Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
 attend its L keys, aligned bottom-right; with q_max_len, query lengths of their own, drawn by the same recipe with
 seed + 1), "broadcast" (one dense q of q_len rows for every sequence). activation and out_scale: softmax, or an
 activation in its place (jfa.jagged_attention's).
@@ -177,10 +177,12 @@ def draw_lengths(batch: int, max_len: int, dist: str, seed: int) -> torch.Tensor
 
 def kv_lengths(w: Workload) -> torch.Tensor:
     """The kv lengths (int64 [B]): the file's, or the recipe's; with a contextual prefix at least its length (every
-    history holds its context rows; jfa refuses a shorter sequence where it checks the offsets)."""
+    history holds its context rows; jfa refuses a shorter sequence where it checks the offsets); serving (cross with
+    targets) at least q_len (every user's request has its q_len new rows, as HSTU's cached attention takes them)."""
     lens = torch.tensor(w.lengths, dtype=torch.int64) if w.lengths is not None else \
         draw_lengths(w.batch, w.max_len, w.dist, w.seed)
-    return torch.clamp(lens, min=w.contextual_len) if w.contextual_len else lens
+    least = max(w.contextual_len, w.q_len if w.mode == "cross" and w.targets is not None else 0)
+    return torch.clamp(lens, min=least) if least else lens
 
 
 def q_lengths(w: Workload, kv_lens: torch.Tensor) -> torch.Tensor:
