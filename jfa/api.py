@@ -109,14 +109,14 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
                                         options.get("num_targets"), options.get("contextual_len", 0))
         else:
             paged = options.get("page_table") is not None  # (the pool's rows are not the keys')
-            checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
-            checks.check_offsets_values("kv_offsets", kv_offsets, None if paged else k.shape[0], "k",
-                                        [("max_kv_len", max_kv_len)], options.get("num_targets"),
-                                        options.get("contextual_len", 0))
+            q_lens = checks.check_offsets_values("q_offsets", q_offsets, q.shape[0], "q", [("max_q_len", max_q_len)])
+            kv_lens = checks.check_offsets_values("kv_offsets", kv_offsets, None if paged else k.shape[0], "k",
+                                                  [("max_kv_len", max_kv_len)], options.get("num_targets"),
+                                                  options.get("contextual_len", 0))
             if paged:
-                checks.check_page_values(options["page_table"], options["page_size"], k.shape[0], kv_offsets)
+                checks.check_page_values(options["page_table"], options["page_size"], k.shape[0], kv_lens)
             if options.get("num_targets") is not None or options.get("contextual_len", 0):
-                checks.check_last_rows(q_offsets, kv_offsets)
+                checks.check_last_rows(q_lens, kv_lens)
     return _finish(q, k, v, q_offsets, kv_offsets, False, max_q_len, max_kv_len, **options)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .api import jagged_attention
+from .jagged import pool_rows
 
 
 class KVCache:
@@ -55,7 +56,7 @@ class KVCache:
         rows = k_new.shape[0]
         user = torch.repeat_interleave(torch.arange(self.batch, device=added.device), added, output_size=rows)
         pos = (lengths[user] + torch.arange(rows, device=added.device) - new_offsets[:-1][user]).long()
-        at = self.page_table[user, pos // self.page_size].long() * self.page_size + pos % self.page_size
+        at = pool_rows(self.page_table, user, pos, self.page_size)
         self.k[at] = k_new.to(self.k.dtype)
         self.v[at] = v_new.to(self.v.dtype)
         self.offsets[1:] += torch.cumsum(added, 0, dtype=torch.int32)

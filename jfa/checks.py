@@ -148,12 +148,11 @@ def check_targets(num_targets, contextual_len, causal, window, broadcast, offset
     return num_targets
 
 
-def check_last_rows(q_offsets, kv_offsets):
+def check_last_rows(lq, lk):
     """HSTU's mask in cross-attention: each sequence's queries are its last rows (serving: the new rows against the
-    cached history and themselves), so no sequence has more queries than keys. (Where the offsets' values are not
-    checked, such a sequence's results are unspecified.)"""
-    lq = (q_offsets[1:] - q_offsets[:-1]).cpu()
-    lk = (kv_offsets[1:] - kv_offsets[:-1]).cpu()
+    cached history and themselves), so no sequence has more queries than keys (lq, lk: the lengths on the host,
+    check_offsets_values'). (Where the offsets' values are not checked, such a sequence's results are
+    unspecified.)"""
     bad = lq > lk
     if bad.any():
         b = int(torch.nonzero(bad)[0])
@@ -189,9 +188,9 @@ def check_pages(page_table, page_size, q, k, v, kv_offsets, one_offsets) -> int:
     return page_size
 
 
-def check_page_values(page_table, page_size, pool_rows, kv_offsets):
-    """Every sequence fits its row of the page table, and the pages it reads lie in the pool (one host sync)."""
-    lens = (kv_offsets[1:] - kv_offsets[:-1]).cpu().long()
+def check_page_values(page_table, page_size, pool_rows, lens):
+    """Every sequence fits its row of the page table, and the pages it reads lie in the pool (lens: the sequences'
+    key counts on the host, check_offsets_values'; the table's copy is one host sync)."""
     table = page_table.cpu().long()
     room = table.shape[1] * page_size
     if (lens > room).any():
@@ -231,9 +230,10 @@ def offsets_values_checked(offsets_list, hints_given: bool) -> bool:
 
 
 def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=None, contextual_len=0):
-    """Start 0, non-decreasing, end == rows, and each (hint_name, value) in hints (when the value is given)
-    >= the longest sequence; num_targets (a tensor) between 0 and each sequence's length; a contextual prefix no
-    longer than any non-empty sequence. One host sync for GPU offsets, however many hints."""
+    """Start 0, non-decreasing, end == rows (None: unchecked), and each (hint_name, value) in hints (when the value
+    is given) >= the longest sequence; num_targets (a tensor) between 0 and each sequence's length; a contextual
+    prefix no longer than any non-empty sequence. One host sync for GPU offsets, however many hints. Returns the
+    sequences' lengths on the host (int64), for the checks that follow."""
     o, t = offsets.detach().to(torch.int64), None
     if isinstance(num_targets, torch.Tensor) and num_targets.shape == (o.numel() - 1, ) and \
             num_targets.device == o.device:  # (one copy to the host; anything else is check_targets' error)
@@ -264,3 +264,4 @@ def check_offsets_values(name, offsets, rows, rows_name, hints=(), num_targets=N
     for hint_name, value in hints:
         if value is not None and value < longest:
             raise ValueError(f"{hint_name}={value} is smaller than the longest sequence in {name} ({longest})")
+    return lens

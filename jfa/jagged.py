@@ -144,15 +144,20 @@ def _target_pairs(n: int, t: int, c: int, window: int, q_len: int) -> int:
     return int(counts[n - q_len:].sum())
 
 
+def pool_rows(page_table: torch.Tensor, seq: torch.Tensor, j: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Paged k/v (serving): the rows of the page pool that hold key j of sequence seq (int64, broadcast):
+    ``page_table[seq, j // page_size] * page_size + j % page_size``."""
+    return page_table[seq, j // page_size].long() * page_size + j % page_size
+
+
 def paged_rows(page_table: torch.Tensor, kv_offsets: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Paged k/v (serving): the rows of the page pool that hold a batch's keys, in packed order (int64 [Tk]): key j
-    of sequence b lies at row ``page_table[b, j // page_size] * page_size + j % page_size``, so that ``k[rows]`` is
-    the packed k of kv_offsets. (One host sync: the reference's and the tests' gather.)"""
+    """The pool rows (pool_rows) of a batch's keys in packed order (int64 [Tk]), so that ``k[rows]`` is the packed
+    k of kv_offsets. (One host sync: the reference's and the tests' gather.)"""
     lens = lengths(kv_offsets.long())
     total = int(kv_offsets[-1]) if kv_offsets.numel() else 0
     seq = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens, output_size=total)
     j = torch.arange(total, device=lens.device) - kv_offsets.long()[:-1][seq]
-    return page_table.long()[seq, j // page_size] * page_size + j % page_size
+    return pool_rows(page_table, seq, j, page_size)
 
 
 def tile_capacity(rows: int, block: int, batch: int) -> int:

@@ -145,12 +145,13 @@ def hstu_available() -> str | None:
     return None
 
 
-def hstu_refusal(self_attention, right, activation, out_scale, max_len) -> str | None:
-    """None, or why HSTU's kernel cannot compute this: it takes causal silu self-attention scaled by 1 / N, where N
-    (its MAX_SEQ_LEN, which sizes its grid) is at least the longest sequence."""
+def hstu_refusal(self_attention, right, activation, out_scale, max_len, what="self-attention") -> str | None:
+    """None, or why HSTU's kernel cannot compute this: it takes causal silu self-attention (what: the kind its
+    kernel takes) scaled by 1 / N, where N (its MAX_SEQ_LEN, which sizes its grid) is at least the longest
+    sequence."""
     n = 0 if isinstance(out_scale, torch.Tensor) or out_scale <= 0 else round(1.0 / out_scale)
     if not self_attention or right != 0 or activation != "silu" or n <= 0 or abs(n * out_scale - 1.0) > 1e-6:
-        return "HSTU's kernel takes causal silu self-attention with out_scale 1 / N only"
+        return f"HSTU's kernel takes causal silu {what} with out_scale 1 / N only"
     if n < max_len:
         return f"HSTU's kernel covers N = 1 / out_scale = {n} rows a sequence, fewer than the longest ({max_len})"
     return None
@@ -178,9 +179,9 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
 def hstu_cached_refusal(q_lens, right, activation, out_scale, max_len) -> str | None:
     """None, or why HSTU's cached kernel (serving) cannot compute this: besides hstu_refusal's terms, every
     sequence's queries are its last rows, one count for all (its DeltaSize: rows // B)."""
-    refusal = hstu_refusal(True, right, activation, out_scale, max_len)
+    refusal = hstu_refusal(True, right, activation, out_scale, max_len, what="attention")
     if refusal:
-        return refusal.replace("self-attention", "attention")
+        return refusal
     if len(q_lens) and bool((q_lens != q_lens[0]).any()):
         return "HSTU's cached kernel takes the same number of new rows for every sequence"
     return None

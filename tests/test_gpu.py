@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 import jfa
-from jfa.testing import GPU_MODES, compare, make_case, run_backend, serving_lens
+from jfa.testing import GPU_MODES, compare, make_case, offsets_of, run_backend, serving_lens
 
 pytestmark = pytest.mark.gpu
 
@@ -54,9 +54,10 @@ def test_gpu_target_masks(context, window, serving, activation):
     counts with 0 and all-target sequences, contextual prefixes, windows, GQA, forward and backward; serving: each
     sequence's last rows as queries."""
     lens = GPU_MODES["causal"]["q_lens"]
-    case = make_case(*((serving_lens(lens), lens) if serving else (lens, None)), causal=True, window=(window, -1), num_targets="random",
-                     contextual_len=context, hq=4, hkv=2, d=128, dtype=torch.bfloat16, device="cuda", seed=context,
-                     activation=activation, out_scale=1.0 if activation == "softmax" else 1 / 512)
+    case = make_case(*((serving_lens(lens), lens) if serving else (lens, None)), causal=True, window=(window, -1),
+                     num_targets="random", contextual_len=context, hq=4, hkv=2, d=128, dtype=torch.bfloat16,
+                     device="cuda", seed=context, activation=activation,
+                     out_scale=1.0 if activation == "softmax" else 1 / 512)
     out, lse, grads = run(case)
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
@@ -88,7 +89,7 @@ def test_gpu_cache_append_and_attend_without_host_sync():
     cache = jfa.KVCache(4, capacity=300, heads=2, head_dim=64, page_size=64, device="cuda")
     lens = [[0, 70, 129, 3], [1, 0, 64, 5]]
     rows = [torch.randn(sum(n), 2, 64, generator=g).to("cuda", torch.bfloat16) for n in lens]
-    offsets = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda") for n in lens]
+    offsets = [offsets_of(n, "cuda") for n in lens]
     q = torch.randn(sum(lens[1]), 4, 64, generator=g).to("cuda", torch.bfloat16)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

@@ -9,8 +9,8 @@ import jfa
 import jfa.variants
 from jfa import hopper
 from jfa.hopper import config
-from jfa.testing import (GPU_LENS, GPU_MODES, case_problem, compare, make_case, run_backend, run_kernels,
-                         serving_lens)
+from jfa.testing import (GPU_LENS, GPU_MODES, case_problem, compare, make_case, offsets_of, run_backend,
+                         run_kernels, serving_lens)
 
 pytestmark = pytest.mark.gpu
 
@@ -277,9 +277,9 @@ def test_hopper_target_masks(mask, activation, d):
     """HSTU's mask (jfa.jagged.target_mask) against the float64 rule, forward and backward, GQA, random target
     counts (0 and all-target sequences among them)."""
     context, window = TARGET_MASKS[mask]
-    case = make_case(*_target_lens(mask), causal=True, window=(window, -1), num_targets="random", contextual_len=context,
-                     hq=8, hkv=2, d=d, dtype=torch.bfloat16, device="cuda", seed=17, activation=activation,
-                     out_scale=1.0 if activation == "softmax" else 1 / 2048)
+    case = make_case(*_target_lens(mask), causal=True, window=(window, -1), num_targets="random",
+                     contextual_len=context, hq=8, hkv=2, d=d, dtype=torch.bfloat16, device="cuda", seed=17,
+                     activation=activation, out_scale=1.0 if activation == "softmax" else 1 / 2048)
     out, lse, grads = run_backend(case, "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
@@ -293,8 +293,9 @@ def test_hopper_target_mask_forms(form, route, mask):
     self-attention and serving."""
     cfg, plan = dataclasses.replace(FWD_FORMS[form], posted_items=False), _plan(route, 128)
     plan = dataclasses.replace(plan, dkdv=dataclasses.replace(plan.dkdv, posted_items=False))
-    case = make_case(*_target_lens(mask), causal=True, window=(200, -1), num_targets="random", contextual_len=3, hq=4, hkv=4,
-                     d=128, dtype=torch.bfloat16, device="cuda", seed=18, activation="silu", out_scale=0.01)
+    case = make_case(*_target_lens(mask), causal=True, window=(200, -1), num_targets="random", contextual_len=3,
+                     hq=4, hkv=4, d=128, dtype=torch.bfloat16, device="cuda", seed=18, activation="silu",
+                     out_scale=0.01)
     out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
                                   lambda *args: hopper.backward(*args, plan=plan), "hopper")
     failures = compare(case, out, lse, grads)
@@ -315,8 +316,7 @@ def test_hopper_forward_reads_pages(form, score):
     table = torch.randperm(pool_pages, generator=g)[:len(lens) * per_seq].view(len(lens), per_seq)
     k_pool, v_pool = (torch.randn(pool_pages * page, 2, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
     q = torch.randn(sum(q_lens), 4, 128, generator=g).to("cuda", torch.bfloat16)
-    qo, ko = (torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-              for x in (q_lens, lens))
+    qo, ko = offsets_of(q_lens, "cuda"), offsets_of(lens, "cuda")
     table = table.to("cuda", torch.int32)
     rows = jfa.jagged.paged_rows(table, ko, page)
     opts = dict(causal=True) if score == "softmax" else dict(
