@@ -54,7 +54,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
         page_table, page_size: paged k and v (serving a cache, jfa.KVCache; forward only): k and v are a pool of
             pages of ``page_size`` rows, and key j of sequence b lies at row ``page_table[b, j // page_size] *
             page_size + j % page_size`` (``page_table`` int32 ``[B, pages]`` on q's device); ``kv_offsets`` (needed)
-            count each sequence's keys as if packed. The same bits as the packed call; the portable kernels.
+            count each sequence's keys as if packed. The same bits as the packed call. The hopper backend reads
+            pages of a multiple of 128 rows ("auto" gives smaller ones to the portable kernels).
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]`` (softmax only).
         backend: "auto", "reference", "triton" or "hopper".
         deterministic: the backward gives the same bits run to run (the hopper backend's default backward adds
@@ -189,9 +190,9 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     if page_table is not None and backend == "hopper" and page_size % 128:
         raise ValueError(f"backend 'hopper' reads pages of a multiple of 128 rows (a key block never crosses a "
                          f"page), got page_size={page_size}")
-    paged_auto = page_table is not None and backend == "auto"
+    small_pages = page_table is not None and backend == "auto" and page_size % 128
     backend = select(backend, q.device, q.shape[2], q.dtype)
-    backend = "triton" if paged_auto and backend == "hopper" else backend  # (until hopper's pages are measured)
+    backend = "triton" if small_pages and backend == "hopper" else backend  # (hopper's key blocks span no page)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,
