@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, nested
+from . import bias, checks, nested
 from .backends import select
 from .jagged import resolve_window
 from .op import attend
@@ -20,8 +20,8 @@ from .problem import Problem
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
                      window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
-                     contextual_len=0, page_table=None, page_size=None, return_lse=False, backend="auto",
-                     deterministic=False):
+                     contextual_len=0, rel_bias=None, page_table=None, page_size=None, return_lse=False,
+                     backend="auto", deterministic=False):
     """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
 
     Args:
@@ -51,6 +51,9 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             Where the offsets are checked, a prefix longer than a (non-empty) sequence, or more queries than keys,
             is an error; where they are trusted (both max lengths for GPU offsets) such a sequence is all prefix,
             as the rule says, and the results of a sequence with more queries than keys are unspecified.
+        rel_bias: a jfa.RelativeBias: learned tables of a relative position and a bucketed time difference added
+            to every score (HSTU's relative attention bias; the rule: jfa.bias), with the tables' gradients. The
+            portable kernels compute it ("auto" takes them); not with broadcast q.
         page_table, page_size: paged k and v (serving a cache, jfa.KVCache; forward only): k and v are a pool of
             pages of ``page_size`` rows, and key j of sequence b lies at row ``page_table[b, j // page_size] *
             page_size + j % page_size`` (``page_table`` int32 ``[B, pages]`` on q's device); ``kv_offsets`` (needed)
@@ -65,7 +68,7 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
     """
     options = dict(causal=causal, window=window, scale=scale, activation=activation, out_scale=out_scale,
-                   num_targets=num_targets, contextual_len=contextual_len, backend=backend,
+                   num_targets=num_targets, contextual_len=contextual_len, rel_bias=rel_bias, backend=backend,
                    deterministic=deterministic, page_table=page_table, page_size=page_size)
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
@@ -177,7 +180,7 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
 
 def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *, causal=False, window=(-1, -1),
             scale=None, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0, backend="auto",
-            deterministic=False, page_table=None, page_size=0) -> Problem:
+            deterministic=False, page_table=None, page_size=0, rel_bias=None) -> Problem:
     """The checks every call shares, then the Problem."""
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
@@ -190,12 +193,18 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     if page_table is not None and backend == "hopper" and page_size % 128:
         raise ValueError(f"backend 'hopper' reads pages of a multiple of 128 rows (a key block never crosses a "
                          f"page), got page_size={page_size}")
-    small_pages = page_table is not None and backend == "auto" and page_size % 128
+    tables = bias.check(rel_bias, q, k, broadcast, q_offsets is kv_offsets, scale)
+    if tables is not None and backend == "hopper":
+        raise ValueError("backend 'hopper' does not compute a relative bias (rel_bias) yet: use 'triton' or 'auto'")
+    portable = backend == "auto" and ((page_table is not None and page_size % 128) or tables is not None)
     backend = select(backend, q.device, q.shape[2], q.dtype)
-    backend = "triton" if small_pages and backend == "hopper" else backend  # (hopper's key blocks span no page)
+    backend = "triton" if portable and backend == "hopper" else backend  # (hopper's key blocks span no page)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,
                    out_scale=out_scale, row_scale=row_scale, num_targets=num_targets, contextual_len=contextual_len,
+                   bias_position=tables and tables.position, bias_time=tables and tables.time,
+                   q_times=tables and tables.q_times, k_times=tables and tables.k_times,
+                   time_divisor=tables.time_divisor if tables else 0.301,
                    page_table=page_table, page_size=page_size, max_q_len=max_q_len, max_kv_len=max_kv_len,
                    backend=backend, deterministic=deterministic)

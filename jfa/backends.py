@@ -4,7 +4,8 @@
   triton     portable Triton kernels (jfa.triton): CUDA, or CPU tensors through Triton's interpreter
   hopper     sm_90 fast path (jfa.hopper): warp-specialized Gluon forward, D 64/128, bf16/fp16; "auto"'s
              pick where it applies
-A backend is a pair forward(problem) -> (out, lse) and backward(problem, out, lse, dout, dlse) -> (dq, dk, dv),
+A backend is a pair forward(problem) -> (out, lse) and backward(problem, out, lse, dout, dlse) -> (dq, dk, dv)
+(and the tables' gradients after them where the problem has a relative bias: jfa.bias),
 problem a jfa.problem.Problem (its ``deterministic``: the same bits run to run, which the reference and triton
 backends always give; its ``max_kv_len``: the caller's bound on any sequence's keys, by which hopper skips work).
 """
@@ -24,7 +25,7 @@ from .jagged import paged_rows
 def _reference_args(p) -> dict:
     """The reference's keyword arguments of a problem (its mask's and score's fields)."""
     return dict(scale=p.scale, left=p.left, right=p.right, broadcast=p.broadcast, activation=p.activation,
-                out_scale=p.scales, num_targets=p.num_targets, contextual_len=p.contextual_len)
+                out_scale=p.scales, num_targets=p.num_targets, contextual_len=p.contextual_len, rel_bias=p.bias)
 
 
 def _reference_forward(p):

@@ -10,7 +10,8 @@ The queries are each sequence's last rows (bottom-right aligned), so the new row
 have in self-attention over the whole history (with HSTU's mask too: jfa.jagged.target_mask).
 Pages of 128 rows (the default) or a multiple are read by the Hopper forward (within 1% of packed keys on the
 H200), smaller ones by the portable kernels. Each user owns capacity / page_size pages of the pool from the start (the
-page table is a plain tensor: a caller with an allocator of its own may rewrite it). Forward only: the pool is a buffer, not a parameter.
+page table is a plain tensor: a caller with an allocator of its own may rewrite it). Forward only: the pool is a
+buffer, not a parameter.
 """
 from __future__ import annotations
 

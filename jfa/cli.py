@@ -72,7 +72,8 @@ def check(args) -> int:
     print(f"jfa check on {torch.cuda.get_device_name(0) if dev.type == 'cuda' else 'CPU'}: {len(backends)} backend(s); "
           f"{len(MODES)} modes + {len(VARIANTS)} variants (each score function, HSTU's mask) "
           + ("x every dtype and head dim" if args.full else
-             f"at {str(runs[0][1][0])[6:]} D={runs[0][1][1]}, and each other dtype and head dim in causal mode"), flush=True)
+             f"at {str(runs[0][1][0])[6:]} D={runs[0][1][1]}, and each other dtype and head dim in causal mode"),
+          flush=True)
     failures = total = 0
     for backend in backends:
         for shape in dict.fromkeys(shape for _, shape in runs):

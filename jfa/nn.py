@@ -30,6 +30,7 @@ from torch import nn
 
 from . import nested
 from .api import broadcast_attention, jagged_attention
+from .bias import RelativeBias
 
 
 def _unpack(x, offsets, max_len):
@@ -260,17 +261,21 @@ class HSTULayer(nn.Module):
         max_seq_len: N, the out scale's 1/N (HSTU divides by the longest sequence the model takes); None: the
             batch's longest (max_len, or read from the offsets: one host sync).
         scale: of q . k (default 1/sqrt(attn_dim)). backend, attention: as JaggedSelfAttention.
-    forward(x, offsets, max_len=None, num_targets=None, contextual_len=0): num_targets (an int tensor [B] on the
-        offsets' device) and contextual_len are HSTU's mask (jfa.jagged_attention's; causal only): each history's
-        last num_targets[b] rows are candidates that see the history and themselves, never one another, and its
-        first contextual_len rows are features every row sees.
+        num_buckets: with it (and max_seq_len), HSTU's relative attention bias, learned: a position table of
+            2 max_seq_len - 1 entries and a time table of num_buckets + 1 (shared by the heads, HSTU's pos_w and
+            ts_w), added to the scores inside the kernels (jfa.RelativeBias.hstu); forward then takes timestamps.
+    forward(x, offsets, max_len=None, num_targets=None, contextual_len=0, timestamps=None): num_targets (an int
+        tensor [B] on the offsets' device) and contextual_len are HSTU's mask (jfa.jagged_attention's; causal only):
+        each history's last num_targets[b] rows are candidates that see the history and themselves, never one
+        another, and its first contextual_len rows are features every row sees; timestamps (int64 [T]) the rows'
+        times, for the relative bias.
     Shapes: x ``[T, embed_dim]`` with offsets ``[B+1]``, or an NJT ``[B, j, embed_dim]``; the output is the same.
-    Not here, against HSTU's own block: the relative attention bias (positions and timestamps, added to the scores)
-    and dropout.
+    Not here, against HSTU's own block: dropout.
     """
 
     def __init__(self, embed_dim, num_heads, *, head_dim=None, attn_dim=None, causal=True, window=(-1, -1),
-                 max_seq_len=None, scale=None, bias=True, backend="auto", attention=None, device=None, dtype=None):
+                 max_seq_len=None, scale=None, bias=True, num_buckets=None, backend="auto", attention=None,
+                 device=None, dtype=None):
         super().__init__()
         if head_dim is None:
             if embed_dim % num_heads:
@@ -286,22 +291,40 @@ class HSTULayer(nn.Module):
         self.uvqk = nn.Linear(embed_dim, num_heads * (2 * head_dim + 2 * self.attn_dim), bias=bias, **kw)
         self.attn_norm = nn.LayerNorm(num_heads * head_dim, **kw)
         self.out_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **kw)
+        self.pos_w = self.ts_w = None
+        if num_buckets is not None:
+            if max_seq_len is None:
+                raise ValueError("HSTULayer's relative bias (num_buckets) needs max_seq_len (its positions' range)")
+            self.pos_w = nn.Parameter(torch.empty(2 * max_seq_len - 1, device=device))
+            self.ts_w = nn.Parameter(torch.empty(num_buckets + 1, device=device))
+            self._reset_bias()
+
+    def _reset_bias(self):
+        if self.pos_w is not None:  # (HSTU's initialization)
+            nn.init.normal_(self.pos_w, std=0.02)
+            nn.init.normal_(self.ts_w, std=0.02)
 
     def reset_parameters(self):
         for m in self.children():
             m.reset_parameters()
+        self._reset_bias()
 
-    def forward(self, x, offsets=None, *, max_len=None, num_targets=None, contextual_len=0):
-        """num_targets, contextual_len: HSTU's mask (jfa.jagged_attention's): candidates scored in one pass."""
+    def forward(self, x, offsets=None, *, max_len=None, num_targets=None, contextual_len=0, timestamps=None):
+        """num_targets, contextual_len: HSTU's mask (jfa.jagged_attention's): candidates scored in one pass;
+        timestamps: the rows' times (int64 [T]), for the relative bias (num_buckets)."""
         values, offsets, max_len, was_njt = _unpack(x, offsets, max_len)
+        extra = _targets(num_targets, contextual_len)
+        if self.pos_w is not None:
+            if timestamps is None:
+                raise ValueError("this HSTULayer has a relative bias (num_buckets): forward needs timestamps")
+            extra["rel_bias"] = RelativeBias.hstu(self.pos_w, self.ts_w, timestamps, offsets)
         width_v, width_qk = self.num_heads * self.head_dim, self.num_heads * self.attn_dim
         u, v, q, k = F.silu(self.uvqk(self.norm(values))).split((width_v, width_v, width_qk, width_qk), dim=-1)
         n = self.max_seq_len or max_len or int((offsets[1:] - offsets[:-1]).max().clamp(min=1))
         attend = self.attention or functools.partial(jagged_attention, backend=self.backend)
         heads = functools.partial(torch.Tensor.unflatten, dim=-1, sizes=(self.num_heads, -1))
         a = attend(heads(q), heads(k), heads(v), offsets, max_q_len=max_len, max_kv_len=max_len, causal=self.causal,
-                   window=self.window, scale=self.scale, activation="silu", out_scale=1.0 / n,
-                   **_targets(num_targets, contextual_len))
+                   window=self.window, scale=self.scale, activation="silu", out_scale=1.0 / n, **extra)
         y = values + self.out_proj(self.attn_norm(a.flatten(-2)) * u)
         return _repack(y, offsets, max_len, was_njt)
 
@@ -319,6 +342,8 @@ class HSTULayer(nn.Module):
         (make_cache) and attended against each user's whole sequence, as JaggedSelfAttention.serve: the rows forward
         gives for them on the whole sequences (N: max_seq_len, else the cache's longest sequence, one host sync)."""
         _check_serving(self.causal, self.attention)
+        if self.pos_w is not None:
+            raise NotImplementedError("HSTULayer.serve with a relative bias: the cache keeps no timestamps yet")
         width_v, width_qk = self.num_heads * self.head_dim, self.num_heads * self.attn_dim
         u, v, q, k = F.silu(self.uvqk(self.norm(x))).split((width_v, width_v, width_qk, width_qk), dim=-1)
         heads = functools.partial(torch.Tensor.unflatten, dim=-1, sizes=(self.num_heads, -1))

@@ -48,23 +48,37 @@ def _forward_fake(*args):
 _GRADS = (("dout", Tensor), ("dlse", Optional[Tensor]), ("out", Tensor), ("lse", Tensor))
 
 
-def _backward_impl(dout, dlse, out, lse, *args) -> tuple[Tensor, Tensor, Tensor]:
+_TABLES = ("bias_position", "bias_time")  # the fields with a gradient besides q, k and v (jfa.bias)
+_BACKWARD_RETURNS = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+def _table_grads(p, grads) -> tuple:
+    """A table's gradient where the problem has the table, else an empty tensor (an op returns no None)."""
+    return tuple(g if g is not None else p.q.new_empty(0, dtype=torch.float32)
+                 for g in (grads or (None, None)))
+
+
+def _backward_impl(dout, dlse, out, lse, *args) -> _BACKWARD_RETURNS:
+    """(dq, dk, dv, dposition, dtime): a backend's backward returns the tables' gradients after dv where the
+    problem has a relative bias."""
     p = from_flat(args)
-    return BACKENDS[p.backend].backward(p, out, lse, dout, dlse)
+    dq, dk, dv, *tables = BACKENDS[p.backend].backward(p, out, lse, dout, dlse)
+    return (dq, dk, dv) + _table_grads(p, tables)
 
 
 def _backward_fake(dout, dlse, out, lse, *args):
     p = from_flat(args)
-    return torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)
+    tables = [None if t is None else torch.empty_like(t, dtype=torch.float32, memory_format=torch.contiguous_format)
+              for t in (p.bias_position, p.bias_time)]
+    return (torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)) + _table_grads(p, tables)
 
 
 attention = torch.library.custom_op("jfa::attention", _with_signature(_forward_impl, (), tuple[Tensor, Tensor]),
                                     mutates_args=())
 attention.register_fake(_with_signature(_forward_fake, (), tuple[Tensor, Tensor]))
 attention_backward = torch.library.custom_op(
-    "jfa::attention_backward", _with_signature(_backward_impl, _GRADS, tuple[Tensor, Tensor, Tensor]),
-    mutates_args=())
-attention_backward.register_fake(_with_signature(_backward_fake, _GRADS, tuple[Tensor, Tensor, Tensor]))
+    "jfa::attention_backward", _with_signature(_backward_impl, _GRADS, _BACKWARD_RETURNS), mutates_args=())
+attention_backward.register_fake(_with_signature(_backward_fake, _GRADS, _BACKWARD_RETURNS))
 
 
 def _dispatch_free(*tensors) -> bool:
@@ -92,8 +106,12 @@ def _backward(ctx, dout, dlse):
     backward_op = attention_backward
     if getattr(ctx, "dispatch_free", False) and _dispatch_free(dout, dlse):
         backward_op = _backward_impl
-    dq, dk, dv = backward_op(dout, dlse, out, lse, *args)
-    return (dq, dk, dv) + (None, ) * (len(FIELDS) - 3)  # q, k, v lead the fields; nothing else has a gradient
+    dq, dk, dv, *tables = backward_op(dout, dlse, out, lse, *args)
+    grads = [dq, dk, dv] + [None] * (len(FIELDS) - 3)  # q, k, v lead the fields; the tables have theirs too
+    for name, g in zip(_TABLES, tables):
+        if args[FIELDS.index(name)] is not None:
+            grads[FIELDS.index(name)] = g
+    return tuple(grads)
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)

@@ -34,6 +34,11 @@ class Problem:
     row_scale: Optional[Tensor] = None  # [rows] float32, one factor per output row (with an activation)
     num_targets: Optional[Tensor] = None  # [B] int: each sequence's last targets see the history and themselves
     contextual_len: int = 0  # HSTU's contextual prefix (with num_targets: jfa.jagged.target_mask)
+    bias_position: Optional[Tensor] = None  # a relative bias's tables (jfa.bias: Tables, each [Hq, L] float32, a
+    bias_time: Optional[Tensor] = None  # shared one expanded) and the rows' times (int64 [Tq], [Tk]); the op returns
+    q_times: Optional[Tensor] = None  # the tables' gradients after q's, k's and v's
+    k_times: Optional[Tensor] = None
+    time_divisor: float = 0.301
     page_table: Optional[Tensor] = None  # [B, pages] int32: paged k/v (serving, forward only): key j of sequence b
     page_size: int = 0  # at row page_table[b, j // page_size] * page_size + j % page_size (jfa.jagged.paged_rows)
     max_q_len: Optional[int] = None  # the caller's bounds on the lengths (or None): they never change a result,
@@ -122,6 +127,19 @@ class Problem:
         """The kernels' mask group (jfa.geometry.mask_group: jfa.geometry.mask_rule reads it)."""
         from .geometry import mask_group
         return mask_group(self.num_targets, self.mask_scalars(), self.last_rows)
+
+    @property
+    def bias(self):
+        """The relative bias's jfa.bias.Tables, or None."""
+        if self.bias_position is None and self.bias_time is None:
+            return None
+        from .bias import Tables
+        return Tables(self.bias_position, self.bias_time, self.q_times, self.k_times, self.time_divisor)
+
+    def bias_args(self, grads=None):
+        """The kernels' bias group (jfa.bias.group): None without a bias; grads = (dposition, dtime) buffers."""
+        from .bias import group
+        return group(self.bias, self.scale, grads)
 
     def replace(self, **changes) -> "Problem":
         return dataclasses.replace(self, **changes)

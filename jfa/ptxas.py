@@ -77,10 +77,11 @@ def aot_signature(fn, args: tuple, constexprs: dict):
 
 
 def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, group: int = 1, targets: bool = False,
-                 serving: bool = False, paged: bool = False, **fields) -> Problem:
+                 serving: bool = False, paged: bool = False, bias: bool = False, **fields) -> Problem:
     """A Problem of meta tensors with these shapes: what a kernel's compile-time arguments are read from when it is
     compiled ahead of time (no data, no GPU); targets: with HSTU's mask; serving: in cross-attention (each
-    sequence's last rows as queries); paged: k and v in pages of 128 rows (serving a cache)."""
+    sequence's last rows as queries); paged: k and v in pages of 128 rows (serving a cache); bias: a relative bias,
+    both tables per head (jfa.bias)."""
     def meta(heads):
         return torch.empty(128, heads, head_dim, dtype=dtype, device="meta")
     offsets = torch.empty(3, dtype=torch.int32, device="meta")
@@ -89,4 +90,8 @@ def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, gro
         fields.update(page_table=torch.empty(2, 4, dtype=torch.int32, device="meta"), page_size=128)
     if targets:
         fields.update(num_targets=torch.empty(2, dtype=torch.int32, device="meta"))
+    if bias:
+        times = torch.empty(128, dtype=torch.int64, device="meta")
+        fields.update(bias_position=torch.empty(group, 47, device="meta"), bias_time=torch.empty(group, 11,
+                      device="meta"), q_times=times, k_times=times)
     return Problem(meta(group), meta(1), meta(1), offsets, kv_offsets, 1.0, 1 << 30, 1 << 30, broadcast, **fields)

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import bias as rel
 from .jagged import visible_mask
 
 _C0, _C1 = math.sqrt(2.0 / math.pi), 0.044715  # the tanh form of GELU
@@ -53,16 +54,19 @@ def _heads(q, k, v, dt):
     return qh, kh, vh
 
 
-def attention_one(q, k, v, scale, left, right, compute_dtype=torch.float32, activation="softmax", targets=None):
+def attention_one(q, k, v, scale, left, right, compute_dtype=torch.float32, activation="softmax", targets=None,
+                  bias=None):
     """One sequence. q ``[Lq, Hq, D]``, k/v ``[Lk, Hkv, D]`` -> (out ``[Lq, Hq, D]``, lse ``[Hq, Lq]``, or
     ``[Hq, 0]`` for an activation), before any out_scale; targets = (its targets, contextual_len): HSTU's mask
-    (jfa.jagged.target_mask) in place of the window's."""
+    (jfa.jagged.target_mask) in place of the window's; bias ``[Hq, Lq, Lk]`` added to the scaled scores (jfa.bias)."""
     lq, hq, _ = q.shape
     lk = k.shape[0]
     dt = compute_dtype or q.dtype
     qh, kh, vh = _heads(q, k, v, dt)
     mask = visible_mask(lq, lk, left, right, device=q.device, targets=targets)  # [Lq, Lk]
     s = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # [Hq, Lq, Lk]
+    if bias is not None:
+        s = s + bias
     if activation != "softmax":
         p = ACTIVATIONS[activation][0](s).masked_fill(~mask, 0.0)
         return torch.matmul(p, vh).transpose(0, 1).to(q.dtype), q.new_zeros(hq, 0, dtype=torch.float32)
@@ -91,9 +95,11 @@ def _targets(num_targets, contextual_len, batch):
 
 
 def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, broadcast=False,
-              compute_dtype=torch.float32, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0):
+              compute_dtype=torch.float32, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0,
+              rel_bias=None):
     """Packed jagged attention (see module doc). ``q_offsets`` is ignored in broadcast mode. num_targets ``[B]``
-    (with contextual_len): HSTU's mask, jfa.jagged.target_mask (self-attention; left is its window)."""
+    (with contextual_len): HSTU's mask, jfa.jagged.target_mask (self-attention; left is its window). rel_bias: a
+    jfa.bias.Tables (differentiable in its tables)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kv_off = kv_offsets.tolist()
     q_off = [b * q.shape[0] for b in range(len(kv_off))] if broadcast else q_offsets.tolist()
@@ -102,7 +108,9 @@ def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, 
     for b in range(len(kv_off) - 1):
         qb = q if broadcast else q[q_off[b]:q_off[b + 1]]
         kb, vb = k[kv_off[b]:kv_off[b + 1]], v[kv_off[b]:kv_off[b + 1]]
-        o, l = attention_one(qb, kb, vb, scale, left, right, compute_dtype, activation, targets[b])
+        bias = rel.matrix(rel_bias, slice(q_off[b], q_off[b + 1]), slice(kv_off[b], kv_off[b + 1]), qb.shape[0],
+                          kb.shape[0], compute_dtype or q.dtype)
+        o, l = attention_one(qb, kb, vb, scale, left, right, compute_dtype, activation, targets[b], bias)
         outs.append(o)
         lses.append(l)
     if not outs:
@@ -111,13 +119,14 @@ def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, 
 
 
 def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute_dtype=torch.float32,
-                           magnitudes=False, activation="softmax", targets=None):
+                           magnitudes=False, activation="softmax", targets=None, bias=None):
     """Explicit gradients for one sequence (what the kernels compute), checked against autograd in the tests;
     dout already times the rows' out_scale for an activation.
 
     Softmax: P = exp(S - lse), dV = P^T dO, dP = dO V^T, Delta = rowsum(dO * O) - dLSE, dS = P * (dP - Delta).
     An activation f: P = f(S), dV = P^T dO, dP = dO V^T, dS = f'(S) dP (no Delta, no lse).
-    Both: dQ = scale * dS K, dK = scale * dS^T Q; GQA sums dK/dV over the query heads of a group.
+    Both: dQ = scale * dS K, dK = scale * dS^T Q; GQA sums dK/dV over the query heads of a group. dS (returned
+    fourth, [Hq, Lq, Lk]) is dL/dscore: a bias's gradient (jfa.bias).
     ``magnitudes=True`` computes the same sums over absolute values (|dO|, |V|, |Q|, |K|, |dP| + |Delta|):
     the size of the terms whose rounding the gradients carry (the tests' error bound for float32).
     """
@@ -128,6 +137,8 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
     oh, doh = (x.to(dt).transpose(0, 1) for x in (out, dout))  # [Hq, Lq, D]
     mask = visible_mask(lq, lk, left, right, device=q.device, targets=targets)
     s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
     if activation != "softmax":
         f, df = ACTIVATIONS[activation]
         p, dfs = f(s).masked_fill(~mask, 0.0), df(s).masked_fill(~mask, 0.0)
@@ -152,14 +163,15 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
     dk = torch.matmul(ds.transpose(-1, -2), qh) * scale
     dk = dk.view(hkv, group, lk, d).sum(1)
     dv = dv.view(hkv, group, lk, d).sum(1)
-    return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
+    return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1), ds
 
 
 def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale, left=-1, right=-1,
                        broadcast=False, compute_dtype=torch.float32, magnitudes=False, activation="softmax",
-                       out_scale=1.0, num_targets=None, contextual_len=0):
+                       out_scale=1.0, num_targets=None, contextual_len=0, rel_bias=None):
     """Gradients (dq, dk, dv) of ``attention`` for upstream grads dout ``[rows, Hq, D]`` and dlse
-    ``[Hq, rows]`` (or None). Broadcast: dq sums the batch's contributions in float32."""
+    ``[Hq, rows]`` (or None), and with rel_bias (jfa.bias.Tables) the tables' (dposition, dtime), float32 [Hq, L]
+    (None for an absent table). Broadcast: dq sums the batch's contributions in float32."""
     kv_off = kv_offsets.tolist()
     q_off = [b * q.shape[0] for b in range(len(kv_off))] if broadcast else q_offsets.tolist()
     if activation != "softmax":  # the out scale is a constant factor of each row's output: of its dO
@@ -168,14 +180,28 @@ def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
     targets = _targets(num_targets, contextual_len, len(kv_off) - 1)
+    tables = None if rel_bias is None else [
+        None if t is None else torch.zeros(t.shape, dtype=compute_dtype, device=q.device)
+        for t in (rel_bias.position, rel_bias.time)]
     for b in range(len(kv_off) - 1):
         qs, ks = slice(q_off[b], q_off[b + 1]), slice(kv_off[b], kv_off[b + 1])
         qb = q if broadcast else q[qs]
+        lq, lk = qb.shape[0], ks.stop - ks.start
+        bias = rel.matrix(rel_bias, qs, ks, lq, lk, compute_dtype)
         g = attention_one_backward(qb, k[ks], v[ks], out[qs], dout[qs], None if dlse is None else dlse[:, qs],
-                                   scale, left, right, compute_dtype, magnitudes, activation, targets[b])
+                                   scale, left, right, compute_dtype, magnitudes, activation, targets[b], bias)
+        if rel_bias is not None:  # each table entry's gradient: dS summed over the pairs that read it
+            lengths = [0 if t is None else t.shape[1] for t in tables]
+            entries = rel.indices(lq, lk, None if rel_bias.time is None else rel_bias.q_times[qs],
+                                  None if rel_bias.time is None else rel_bias.k_times[ks], *lengths,
+                                  rel_bias.time_divisor, q.device)
+            for grad, at in zip(tables, entries):
+                if grad is not None:
+                    grad.index_add_(1, at.reshape(-1), g[3].reshape(grad.shape[0], -1))
         if broadcast:
             dq += g[0]
         else:
             dq[qs] = g[0]
         dk[ks], dv[ks] = g[1], g[2]
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    grads = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return grads if rel_bias is None else grads + tuple(None if t is None else t.float() for t in tables)

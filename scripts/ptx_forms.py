@@ -6,9 +6,9 @@ that a refactor left the kernels as they were (docs/perf-notes.md; CONTRIBUTING.
 
 `dump` writes one DIR/<form>.ptx per form: the Hopper kernels (jfa.hopper.aot.default_forms), the portable Triton
 kernels (jfa.triton.aot, each kernel x head dim x dtype) and the schedule's refresh kernel; with --variants, the score
-functions' and HSTU's mask's forms instead (silu, gelu_tanh; targets with softmax and silu). `diff` renumbers
-registers and labels by first use, drops debug lines, and prints per form: same, or the first differing lines and
-the instruction counts of both (exit status 1 if any form differs or is missing).
+functions' and HSTU's mask's forms instead (silu, gelu_tanh; targets with softmax and silu; a relative bias).
+`diff` renumbers registers and labels by first use, drops debug lines, and prints per form: same, or the first
+differing lines and the instruction counts of both (exit status 1 if any form differs or is missing).
 """
 import argparse
 import collections
@@ -39,7 +39,7 @@ def _triton_forms():
 def _variant_forms():
     """The attention variants' forms (bf16, self-attention): every Hopper kernel form with silu and gelu_tanh, the
     HSTU mask's with softmax and silu (and with silu in serving: each sequence's last rows as queries), the forward
-    on paged k/v, and the portable kernels with the activations."""
+    on paged k/v, and the portable kernels with the activations and with a relative bias."""
     import torch
 
     from jfa.hopper.aot import compile_dkdv, compile_dq, compile_fwd
@@ -68,6 +68,10 @@ def _variant_forms():
             for name in ("fwd", "dkdv", "dq"):
                 forms[f"t{name}-bf16-d{d}-{act}"] = lambda n=name, d=d, a=act: compile_kernel(n, d, bf16,
                                                                                           activation=a).ptx
+        for act in ("softmax", "silu"):  # a relative bias (jfa.bias)
+            for name in ("fwd", "dkdv", "dq"):
+                forms[f"t{name}-bf16-d{d}-{act}-bias"] = lambda n=name, d=d, a=act: compile_kernel(
+                    n, d, bf16, activation=a, bias=True).ptx
     return forms
 
 

@@ -24,9 +24,9 @@ _DEVICE = torch.device("cuda")  # configs for the GPU; nothing is allocated
 
 
 def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool = False,
-                   activation: str = "softmax", targets: bool = False) -> Report:
+                   activation: str = "softmax", targets: bool = False, bias: bool = False) -> Report:
     """Compile one kernel for sm_90 with the config the launcher would pick, its arguments the launcher's own on a
-    meta problem (jfa.ptxas.meta_problem; targets: with HSTU's mask)."""
+    meta problem (jfa.ptxas.meta_problem; targets: with HSTU's mask; bias: with a relative bias)."""
     t, cfgs = _TL[dtype], select_config(_DEVICE, head_dim, dtype)
     if name == "preprocess":
         fn, cfg = attention_bwd_preprocess_kernel, None
@@ -34,7 +34,7 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
         consts, options = dict(D=head_dim, BLOCK_D=block_d(head_dim), BLOCK_T=64, HAS_DLSE=True), {}
         sig.update({a: "constexpr" for a in consts})
     else:
-        p = meta_problem(head_dim, dtype, broadcast, activation=activation, targets=targets)
+        p = meta_problem(head_dim, dtype, broadcast, activation=activation, targets=targets, bias=bias)
         x = p.q.new_empty(p.q.shape)
         rows = p.q.new_empty(p.heads, p.rows, dtype=torch.float32)
         tiles = p.q_offsets.new_empty(2, 4)
@@ -46,7 +46,8 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
         elif name == "dq":
             fn, cfg = kernels.attention_bwd_dq_kernel, cfgs.dq
             dq = x.float() if broadcast else x
-            args = launch.bwd_args(p, x, rows, rows, (dq, ), tiles)
+            tables = (p.bias_position, p.bias_time) if bias else None  # (their gradients' buffers: the same shapes)
+            args = launch.bwd_args(p, x, rows, rows, (dq, ), tiles, tables)
         else:
             raise ValueError(name)
         consts = launch.constexprs(cfg, p)

@@ -96,13 +96,14 @@ def rows(x):
 def fwd_args(p: Problem, out, lse, tiles) -> tuple:
     """attention_fwd_kernel's run-time arguments (the launcher's, and jfa.triton.aot's on meta tensors)."""
     return (rows(p.q), rows(p.k), rows(p.v), rows(out), (lse, lse.stride(0)), (p.q_offsets, p.kv_offsets),
-            (tiles, tiles.shape[1]), score_args(p), p.mask_args(), p.page_args())
+            (tiles, tiles.shape[1]), score_args(p), p.mask_args(), p.page_args(), p.bias_args())
 
 
-def bwd_args(p: Problem, dout, lse, delta, grads: tuple, tiles) -> tuple:
-    """The backward kernels' run-time arguments: grads = (dk, dv) for the dK/dV pass, (dq, ) for the dQ pass."""
+def bwd_args(p: Problem, dout, lse, delta, grads: tuple, tiles, tables=None) -> tuple:
+    """The backward kernels' run-time arguments: grads = (dk, dv) for the dK/dV pass, (dq, ) for the dQ pass, which
+    also sums the bias tables' gradients into tables = (dposition, dtime)."""
     return (rows(p.q), rows(p.k), rows(p.v), rows(dout), (lse, delta, lse.stride(0)), *(rows(g) for g in grads),
-            (p.q_offsets, p.kv_offsets), (tiles, tiles.shape[1]), score_args(p), p.mask_args())
+            (p.q_offsets, p.kv_offsets), (tiles, tiles.shape[1]), score_args(p), p.mask_args(), p.bias_args(tables))
 
 
 def forward(p: Problem, configs: Configs | None = None):
@@ -120,15 +121,20 @@ def forward(p: Problem, configs: Configs | None = None):
 
 
 def backward(p: Problem, out, lse, dout, dlse, configs: Configs | None = None):
-    """-> (dq, dk, dv). dlse (the gradient of the returned lse) may be None. Deterministic whatever
-    p.deterministic says: no atomics (broadcast q's dQ is summed from per-sequence float32 partials)."""
+    """-> (dq, dk, dv), and with a relative bias its tables' gradients (dposition, dtime; None for an absent table).
+    dlse (the gradient of the returned lse) may be None. Deterministic whatever p.deterministic says: no atomics
+    (broadcast q's dQ is summed from per-sequence float32 partials), but for the bias tables' gradients (float32
+    atomics)."""
     q, k = p.q, p.k
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(p.v, memory_format=torch.contiguous_format)
     dq = torch.empty(p.rows, p.heads, p.head_dim, device=q.device,
                      dtype=torch.float32 if p.broadcast else q.dtype)
+    tables = None if p.bias is None else tuple(
+        None if t is None else torch.zeros(t.shape, dtype=torch.float32, device=q.device)
+        for t in (p.bias_position, p.bias_time))
     if p.batch == 0:
-        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+        return (torch.zeros_like(q), dk.zero_(), dv.zero_()) + (tables or ())
     check_runnable(q.device)
     configs = configs or select_config(q.device, p.head_dim, q.dtype)
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
@@ -139,8 +145,8 @@ def backward(p: Problem, out, lse, dout, dlse, configs: Configs | None = None):
     if k.shape[0] > 0:
         _bwd_dkdv(p, grads, dk, dv, configs.dkdv)
     if p.rows > 0:
-        _bwd_dq(p, grads, dq, configs.dq)
-    return sum_broadcast_dq(dq, q, p.batch, p.broadcast), dk, dv
+        _bwd_dq(p, grads, dq, configs.dq, tables)
+    return (sum_broadcast_dq(dq, q, p.batch, p.broadcast), dk, dv) + (tables or ())
 
 
 @dataclass(frozen=True)
@@ -158,8 +164,8 @@ def _bwd_dkdv(p: Problem, g: _Grads, dk, dv, cfg: TileConfig):
         *bwd_args(p, g.dout, g.lse, g.delta, (dk, dv), tiles), **constexprs(cfg, p))
 
 
-def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig):
-    """The dQ pass into dq (per-sequence float32 partials in broadcast mode)."""
+def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig, tables=None):
+    """The dQ pass into dq (per-sequence float32 partials in broadcast mode), and the bias tables' gradients."""
     tiles = tile_table(p.q_offsets, cfg.block_m, dq.shape[0])
     kernels.attention_bwd_dq_kernel[(tiles.shape[1], p.heads)](
-        *bwd_args(p, g.dout, g.lse, g.delta, (dq, ), tiles), **constexprs(cfg, p))
+        *bwd_args(p, g.dout, g.lse, g.delta, (dq, ), tiles, tables), **constexprs(cfg, p))

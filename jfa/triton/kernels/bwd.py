@@ -17,6 +17,7 @@ stride), read where the score has them (variants.has_lse).
 import triton
 import triton.language as tl
 
+from ... import bias as rel
 from ... import variants
 from ...geometry import key_blocks, query_blocks, query_prefix, visible
 from .common import mma, tile_of
@@ -33,10 +34,10 @@ def _row_stats(rows, offs, in_rows):
 
 
 @triton.jit
-def _dkdv_blocks(dk, dv, b_k, b_v, qdo, rows, offs_n, start, end, seq, rule, score, FORM: tl.constexpr,
+def _dkdv_blocks(dk, dv, b_k, b_v, qdo, rows, offs_n, start, end, seq, rule, score, bias, at, FORM: tl.constexpr,
                  MASKED: tl.constexpr, SCORE: tl.constexpr):
     """Query blocks [start, end) of one head into (dk, dv): qdo = (Q^T, dO) block pointers at query 0 (advanced
-    here); rows = (LSE, DELTA) at the head's row 0 of this sequence."""
+    here); rows = (LSE, DELTA) at the head's row 0 of this sequence; bias, at: as jfa.triton.kernels.fwd's."""
     FAST: tl.constexpr = FORM.fast
     p_qt = tl.advance(qdo[0], (0, start))
     p_do = tl.advance(qdo[1], (start, 0))
@@ -48,7 +49,11 @@ def _dkdv_blocks(dk, dv, b_k, b_v, qdo, rows, offs_n, start, end, seq, rule, sco
         if variants.has_lse(SCORE):
             b_lse, b_delta = _row_stats(rows, o_m, o_m < seq[0])
             b_lse, b_delta = b_lse[None, :], b_delta[None, :]
-        b_pt, b_gt = variants.bwd_weights(mma(b_k, b_qt, FORM), b_lse, score, SCORE, FAST)  # [BLOCK_N, BLOCK_M]
+        b_st = mma(b_k, b_qt, FORM)  # [BLOCK_N, BLOCK_M]
+        if bias is not None:
+            b_st += rel.block(bias, at[0], o_m[None, :] + (seq[1] - seq[0]), offs_n[:, None], at[1] + o_m[None, :],
+                              at[2] + offs_n[:, None], (o_m < seq[0])[None, :] & (offs_n < seq[1])[:, None])
+        b_pt, b_gt = variants.bwd_weights(b_st, b_lse, score, SCORE, FAST)
         if MASKED:
             b_pt, b_gt = variants.mask_grads(b_pt, b_gt, visible(o_m[None, :], offs_n[:, None], seq, rule), SCORE)
         dv += mma(b_pt.to(b_do.dtype), b_do, FORM)
@@ -60,7 +65,7 @@ def _dkdv_blocks(dk, dv, b_k, b_v, qdo, rows, offs_n, start, end, seq, rule, sco
 
 
 @triton.jit
-def attention_bwd_dkdv_kernel(q, k, v, do, rows, dk, dv, offsets, tiles, score, mask, FORM: tl.constexpr,
+def attention_bwd_dkdv_kernel(q, k, v, do, rows, dk, dv, offsets, tiles, score, mask, bias, FORM: tl.constexpr,
                               SCORE: tl.constexpr):
     """Key rows [n0, n0 + BLOCK_N) of one sequence and kv head: their dK and dV."""
     i_tile = tl.program_id(0)
@@ -99,8 +104,8 @@ def attention_bwd_dkdv_kernel(q, k, v, do, rows, dk, dv, offsets, tiles, score, 
         for part in tl.static_range(4):  # (MASKED: every part but the bulk)
             start = 0 if part == 0 else (lo if part == 1 else (full_lo if part == 2 else full_hi))
             end = pre if part == 0 else (full_lo if part == 1 else (full_hi if part == 2 else hi))
-            b_dk, b_dv = _dkdv_blocks(b_dk, b_dv, b_k, b_v, qdo, rows_h, offs_n, start, end, seq, rule, score, FORM,
-                                      part != 2, SCORE)
+            b_dk, b_dv = _dkdv_blocks(b_dk, b_dv, b_k, b_v, qdo, rows_h, offs_n, start, end, seq, rule, score, bias,
+                                      (i_h, q_start, kv_start), FORM, part != 2, SCORE)
 
     p_dk = tl.make_block_ptr(dk[0] + kv_rows * dk[1] + i_hk * dk[2], (kv_len, FORM.head_dim), (dk[1], 1), (n0, 0),
                              (FORM.block_n, FORM.block_d), (1, 0))
@@ -111,22 +116,30 @@ def attention_bwd_dkdv_kernel(q, k, v, do, rows, dk, dv, offsets, tiles, score, 
 
 
 @triton.jit
-def _dq_blocks(dq, b_q, b_do, stats, kv, offs_m, start, end, seq, rule, score, FORM: tl.constexpr,
+def _dq_blocks(dq, b_q, b_do, stats, kv, offs_m, start, end, seq, rule, score, bias, at, FORM: tl.constexpr,
                MASKED: tl.constexpr, SCORE: tl.constexpr):
     """Key blocks [start, end) into dq: kv = (K, V^T) block pointers at the sequence's key 0 (advanced here);
-    stats = the rows' (log2(e) LSE, Delta), broadcast along the keys (None with an activation)."""
+    stats = the rows' (log2(e) LSE, Delta), broadcast along the keys (None with an activation); bias, at: as
+    jfa.triton.kernels.fwd's, and the bias tables' gradients summed here."""
     FAST: tl.constexpr = FORM.fast
     p_k = tl.advance(kv[0], (start, 0))
     p_vt = tl.advance(kv[1], (0, start))
     for n0 in range(start, end, FORM.block_n):
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_N, BLOCK_D]
         b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")  # [BLOCK_D, BLOCK_N]
-        b_p, b_g = variants.bwd_weights(mma(b_q, tl.trans(b_k), FORM), stats[0], score, SCORE,
-                                        FAST)  # [BLOCK_M, BLOCK_N]
+        b_s = mma(b_q, tl.trans(b_k), FORM)  # [BLOCK_M, BLOCK_N]
+        if bias is not None:
+            o_n = n0 + tl.arange(0, FORM.block_n)
+            pairs = (at[0], offs_m[:, None] + (seq[1] - seq[0]), o_n[None, :], at[1] + offs_m[:, None],
+                     at[2] + o_n[None, :], (offs_m < seq[0])[:, None] & (o_n < seq[1])[None, :])
+            b_s += rel.block(bias, *pairs)
+        b_p, b_g = variants.bwd_weights(b_s, stats[0], score, SCORE, FAST)
         if MASKED:
             o_n = n0 + tl.arange(0, FORM.block_n)
             b_p, b_g = variants.mask_grads(b_p, b_g, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
         b_ds = variants.dscores(b_p, mma(b_do, b_vt, FORM), b_g, stats[1], SCORE)  # (an activation: no P)
+        if bias is not None:  # dL/dscore: dS, times an activation's constant out scale
+            rel.add_grads(bias, *pairs, b_ds * variants.dv_factor(score, SCORE))
         dq += mma(b_ds.to(b_k.dtype), b_k, FORM)
         p_k = tl.advance(p_k, (FORM.block_n, 0))
         p_vt = tl.advance(p_vt, (0, FORM.block_n))
@@ -134,7 +147,7 @@ def _dq_blocks(dq, b_q, b_do, stats, kv, offs_m, start, end, seq, rule, score, F
 
 
 @triton.jit
-def attention_bwd_dq_kernel(q, k, v, do, rows, dq, offsets, tiles, score, mask, FORM: tl.constexpr,
+def attention_bwd_dq_kernel(q, k, v, do, rows, dq, offsets, tiles, score, mask, bias, FORM: tl.constexpr,
                             SCORE: tl.constexpr):
     """Query rows [m0, m0 + BLOCK_M) of one sequence and head: their dQ (in broadcast mode a float32 partial)."""
     i_tile = tl.program_id(0)
@@ -168,9 +181,13 @@ def attention_bwd_dq_kernel(q, k, v, do, rows, dq, offsets, tiles, score, mask, 
 
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_blocks(m0, seq, rule, FORM.block_m, FORM.block_n)
-    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, lo, full_lo, seq, rule, score, FORM, True, SCORE)
-    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, full_lo, full_hi, seq, rule, score, FORM, False, SCORE)
-    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, full_hi, hi, seq, rule, score, FORM, True, SCORE)
+    at = (i_h, q_start, kv_start)
+    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, lo, full_lo, seq, rule, score, bias, at, FORM,
+                      True, SCORE)
+    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, full_lo, full_hi, seq, rule, score, bias, at, FORM,
+                      False, SCORE)
+    b_dq = _dq_blocks(b_dq, b_q, b_do, stats, kv, offs_m, full_hi, hi, seq, rule, score, bias, at, FORM,
+                      True, SCORE)
     # Broadcast: dq is a float32 buffer of per-sequence partials (rows follow q_offsets), summed afterwards.
     p_dq = tl.make_block_ptr(dq[0] + q_rows * dq[1] + i_h * dq[2], (q_len, FORM.head_dim), (dq[1], 1), (m0, 0),
                              (FORM.block_m, FORM.block_d), (1, 0))

@@ -14,16 +14,18 @@ or paged k and v for serving), and two constexprs: FORM (launch.Form: tiles, hea
 import triton
 import triton.language as tl
 
+from ... import bias as rel
 from ... import variants
 from ...geometry import key_blocks, visible
 from .common import key_rows, mma, tile_of
 
 
 @triton.jit
-def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM: tl.constexpr,
+def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, bias, at, FORM: tl.constexpr,
                 MASKED: tl.constexpr, SCORE: tl.constexpr):
     """Key blocks [start, end) of kv = (K, V, stride_kt, stride_vt, pages) into (acc, state): K and V at the
-    sequence's key 0, pages None; or paged, at the pool's row 0, pages = (the sequence's page table row, PAGE)."""
+    sequence's key 0, pages None; or paged, at the pool's row 0, pages = (the sequence's page table row, PAGE).
+    bias: the relative bias's group (jfa.bias) or None; at = (head, first query row, first key row)."""
     K, V, stride_kt, stride_vt, pages = kv
     FAST: tl.constexpr = FORM.fast
     offs_n = tl.arange(0, FORM.block_n)
@@ -35,7 +37,11 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM:
         r_n = key_rows(o_n, pages[0], pages[1], m_n)
         p_k = K + r_n[None, :] * stride_kt + offs_d[:, None]
         b_kt = tl.load(p_k, mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
-        b_s = mma(b_q, b_kt, FORM) * score[0]  # [BLOCK_M, BLOCK_N], base-2 logits with softmax
+        b_s = mma(b_q, b_kt, FORM)  # [BLOCK_M, BLOCK_N]
+        if bias is not None:  # (over the scale: so that the score's scaling applies to it too)
+            b_s += rel.block(bias, at[0], offs_m[:, None] + (seq[1] - seq[0]), o_n[None, :], at[1] + offs_m[:, None],
+                             at[2] + o_n[None, :], (offs_m < seq[0])[:, None] & m_n[None, :])
+        b_s = b_s * score[0]  # base-2 logits with softmax
         if MASKED and variants.masks_scores(SCORE):
             b_s = variants.hide(b_s, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
         # (the scores are scaled already: the policy's qk_scale is 1)
@@ -49,10 +55,11 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, FORM:
 
 
 @triton.jit
-def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, pages, FORM: tl.constexpr,
+def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, pages, bias, FORM: tl.constexpr,
                          SCORE: tl.constexpr):
     """One program per (tile of the tile table, head): query rows [m0, m0 + BLOCK_M) of one sequence, its output
-    and (has_lse) lse. pages: None, or paged k and v (jfa.problem.Problem.page_args)."""
+    and (has_lse) lse. pages: None, or paged k and v (jfa.problem.Problem.page_args); bias: None, or a relative
+    bias (Problem.bias_args)."""
     i_tile = tl.program_id(0)
     i_h = tl.program_id(1)
     seq_id = tl.load(tiles[0] + i_tile)
@@ -80,9 +87,13 @@ def attention_fwd_kernel(q, k, v, o, lse, offsets, tiles, score, mask, pages, FO
     state = variants.row_state(tl.zeros([BLOCK_M], dtype=tl.float32))
 
     lo, full_lo, full_hi, hi = key_blocks(m0, seq, rule, FORM.block_m, FORM.block_n)
-    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, lo, full_lo, seq, rule, score, FORM, True, SCORE)
-    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, full_lo, full_hi, seq, rule, score, FORM, False, SCORE)
-    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, full_hi, hi, seq, rule, score, FORM, True, SCORE)
+    at = (i_h, q_start, kv_start)
+    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, lo, full_lo, seq, rule, score, bias, at, FORM,
+                             True, SCORE)
+    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, full_lo, full_hi, seq, rule, score, bias, at, FORM,
+                             False, SCORE)
+    acc, state = _fwd_blocks(acc, state, b_q, kv, offs_m, full_hi, hi, seq, rule, score, bias, at, FORM,
+                             True, SCORE)
 
     b_o = acc * variants.out_factor(state, (1.0, score[1]), SCORE)[:, None]  # a row that saw no key: 0
     p_o = o[0] + q_start.to(tl.int64) * o[1] + i_h * o[2] + offs_m[:, None] * o[1] + offs_d[None, :]

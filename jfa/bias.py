@@ -1,0 +1,210 @@
+"""A relative attention bias from learned tables, inside the score: HSTU's position and time buckets.
+
+For query row i of a sequence, at position a (bottom-right aligned: a = i + Lk - Lq) with time q_times[i], and key
+j at position b with time k_times[j], the score becomes ``scale * q_i . k_j + bias(i, j)`` (then softmax or the
+activation, with every mask), where
+
+    bias = position[P - 1 + clamp(b - a, 1 - P, P - 1)]
+         + time[clamp(floor(ln(max(|q_times[i] - k_times[j]|, 1)) / time_divisor), 0, NB)]
+
+``position`` has 2P - 1 entries and ``time`` NB + 1, each shared by the heads ([L]) or one row per query head
+([Hq, L]), float32; either may be None. The tables are parameters: their gradients are the sums of dL/dscore over
+the pairs that read each entry. HSTU's ``RelativeBucketedTimeAndPositionBasedBias`` is this with position = its
+pos_w, time = its ts_w, k_times = the items' timestamps and q_times = the next item's (the last row repeating its
+own): ``RelativeBias.hstu``.
+
+Here: the user's object (RelativeBias), its checks and its fields of jfa.problem.Problem (tables), the spec as
+dense per-sequence matrices (matrix, the reference's), and the kernels' helpers (block, add_grads): the kernels add
+the bias to the raw scores q . k divided by the scale, so that every score function's own scaling applies to it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class RelativeBias:
+    """The tables and the times of a relative bias (see the module doc); pass it as ``rel_bias=`` to
+    jfa.jagged_attention. k_times defaults to q_times (self-attention)."""
+    position: Optional[torch.Tensor] = None  # [2P - 1] or [Hq, 2P - 1]
+    time: Optional[torch.Tensor] = None  # [NB + 1] or [Hq, NB + 1]
+    q_times: Optional[torch.Tensor] = None  # int64 [Tq]
+    k_times: Optional[torch.Tensor] = None  # int64 [Tk]
+    time_divisor: float = 0.301
+
+    @staticmethod
+    def hstu(pos_w, ts_w, timestamps, offsets, time_divisor: float = 0.301) -> "RelativeBias":
+        """HSTU's bias for self-attention over packed sequences (timestamps int64 [T], offsets [B+1]): each row's
+        query time is the next row's timestamp, the last row of a sequence its own."""
+        rows = timestamps.shape[0]
+        ends = offsets[1:].long()
+        last = torch.zeros(rows + 1, dtype=torch.bool, device=timestamps.device)  # (no host sync: row T is a bin)
+        last[torch.where(ends > offsets[:-1], ends - 1, rows)] = True
+        nxt = torch.where(last[:rows], timestamps, torch.roll(timestamps, -1))
+        return RelativeBias(pos_w, ts_w, nxt, timestamps, time_divisor)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """A RelativeBias as jfa.problem.Problem holds it: each table [Hq, L] (a shared one expanded, stride 0 along the
+    heads, so its gradient sums over them), the times, the divisor."""
+    position: Optional[torch.Tensor]
+    time: Optional[torch.Tensor]
+    q_times: Optional[torch.Tensor]
+    k_times: Optional[torch.Tensor]
+    time_divisor: float
+
+
+def _table(name, t, heads, device):
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"rel_bias.{name} must be a tensor or None, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"rel_bias.{name} must be float32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"rel_bias.{name} must be on q's device ({device}), got {t.device}")
+    if t.dim() == 1:
+        t = t.unsqueeze(0).expand(heads, -1)
+    if t.dim() != 2 or t.shape[0] != heads or t.shape[1] < 1:
+        raise ValueError(f"rel_bias.{name} must be [L] or [Hq={heads}, L] with L >= 1, got {tuple(t.shape)}")
+    return t
+
+
+def _times(name, t, rows, device):
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.shape != (rows, ):
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"rel_bias.{name} must be an int64 tensor of {rows} values (one a row), got "
+                         f"{got}{'' if not isinstance(t, torch.Tensor) else ' ' + str(t.dtype)}")
+    if t.device != device:
+        raise ValueError(f"rel_bias.{name} must be on q's device ({device}), got {t.device}")
+    return t
+
+
+def check(rel, q, k, broadcast: bool, self_attention: bool, scale: float) -> Optional[Tables]:
+    """The Problem's tables of a user's rel_bias (None: no bias), or a clear error."""
+    if rel is None:
+        return None
+    if not isinstance(rel, RelativeBias):
+        raise TypeError(f"rel_bias must be a jfa.RelativeBias or None, got {type(rel).__name__}")
+    if broadcast:
+        raise ValueError("rel_bias is not supported with broadcast q (its rows have no positions in the sequences)")
+    if scale == 0.0:
+        raise ValueError("rel_bias needs a nonzero scale (the kernels add it to the scores divided by the scale)")
+    heads, device = q.shape[1], q.device
+    position = _table("position", rel.position, heads, device)
+    time = _table("time", rel.time, heads, device)
+    if position is not None and position.shape[1] % 2 == 0:
+        raise ValueError(f"rel_bias.position must have an odd length 2P - 1, got {position.shape[1]}")
+    q_times = k_times = None
+    if time is not None:
+        q_times = _times("q_times", rel.q_times, q.shape[0], device)
+        k_times = rel.k_times if rel.k_times is not None else (q_times if self_attention else None)
+        if k_times is None:
+            raise ValueError("rel_bias.k_times is needed in cross-attention (it defaults to q_times in "
+                             "self-attention only)")
+        k_times = _times("k_times", k_times, k.shape[0], device)
+        if not (isinstance(rel.time_divisor, (int, float)) and math.isfinite(rel.time_divisor)
+                and rel.time_divisor > 0):
+            raise ValueError(f"rel_bias.time_divisor must be a positive finite number, got {rel.time_divisor!r}")
+    if position is None and time is None:
+        return None
+    return Tables(position, time, q_times, k_times, float(rel.time_divisor))
+
+
+# ---- the spec (the reference's): one sequence's bias as a dense matrix
+
+def indices(lq: int, lk: int, q_times, k_times, length_pos: int, length_time: int, divisor: float, device):
+    """(position entry [Lq, Lk] or None, time entry [Lq, Lk] or None) that each pair reads (int64)."""
+    pos = tim = None
+    if length_pos:
+        p = (length_pos + 1) // 2
+        a = torch.arange(lq, device=device).view(-1, 1) + (lk - lq)
+        b = torch.arange(lk, device=device).view(1, -1)
+        pos = (b - a).clamp(1 - p, p - 1) + (p - 1)
+    if length_time:
+        dt = (q_times.view(-1, 1) - k_times.view(1, -1)).abs().clamp(min=1).double()
+        tim = torch.floor(torch.log(dt) / divisor).clamp(0, length_time - 1).long()
+    return pos, tim
+
+
+def matrix(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int, dtype):
+    """Sequence's bias [Hq, Lq, Lk] in dtype (differentiable in the tables), or None without tables."""
+    if t is None:
+        return None
+    lp = 0 if t.position is None else t.position.shape[1]
+    lt = 0 if t.time is None else t.time.shape[1]
+    qt = None if t.time is None else t.q_times[q_rows]
+    kt = None if t.time is None else t.k_times[k_rows]
+    pos, tim = indices(lq, lk, qt, kt, lp, lt, t.time_divisor, (t.position if lp else t.time).device)
+    out = 0
+    if pos is not None:
+        out = out + t.position.to(dtype)[:, pos]
+    if tim is not None:
+        out = out + t.time.to(dtype)[:, tim]
+    return out
+
+
+# ---- the kernels' helpers
+
+def group(t: Optional[Tables], scale: float, grads=None):
+    """The kernels' bias group: None (no bias: the kernels compile as without one), or (position, its head stride,
+    P, time, its head stride, NB, q_times, k_times, 1 / time_divisor, 1 / scale, dposition, dtime, HAS_POSITION,
+    HAS_TIME, HAS_GRADS)."""
+    if t is None:
+        return None
+    pos, tim = t.position, t.time
+    dpos, dtim = grads if grads is not None else (None, None)
+    group = (pos, 0 if pos is None else pos.stride(0), 0 if pos is None else (pos.shape[1] + 1) // 2,
+             tim, 0 if tim is None else tim.stride(0), 0 if tim is None else tim.shape[1] - 1,
+             t.q_times, t.k_times, 1.0 / t.time_divisor, 1.0 / scale, dpos, dtim)
+    # (a None inside a tuple fails to compile where the tuple is passed on: an absent entry is a constexpr 0, and
+    # three constexpr flags say what is present: the position table, the time table, the gradients' buffers)
+    flags = (pos is not None, tim is not None, grads is not None)
+    return tuple(tl.constexpr(0) if x is None else x for x in group) + tuple(tl.constexpr(f) for f in flags)
+
+
+@triton.jit
+def _entries(bias, a, b, qi, kj, in_pairs):
+    """(position entry, time entry) of pairs at positions (a, b) and packed rows (qi, kj) (broadcast shapes)."""
+    pe = a - b  # (unused without a position table)
+    if bias[12]:
+        P = bias[2]
+        pe = tl.minimum(tl.maximum(b - a, 1 - P), P - 1) + (P - 1)
+    te = a - b
+    if bias[13]:
+        qt = tl.load(bias[6] + qi, mask=in_pairs, other=0)
+        kt = tl.load(bias[7] + kj, mask=in_pairs, other=0)
+        dt = tl.maximum(tl.abs(qt - kt), 1).to(tl.float32)
+        te = tl.minimum(tl.maximum(tl.floor(tl.log(dt) * bias[8]), 0.0), bias[5] * 1.0).to(tl.int32)
+    return pe, te
+
+
+@triton.jit
+def block(bias, i_h, a, b, qi, kj, in_pairs):
+    """The bias of a block of pairs over the scale (what the kernels add to the raw scores q . k): queries at
+    positions a and packed rows qi, keys at b and kj, broadcast to the block's shape; 0 outside in_pairs."""
+    pe, te = _entries(bias, a, b, qi, kj, in_pairs)
+    x = tl.zeros(in_pairs.shape, tl.float32)
+    if bias[12]:
+        x += tl.load(bias[0] + i_h * bias[1] + pe, mask=in_pairs, other=0.0)
+    if bias[13]:
+        x += tl.load(bias[3] + i_h * bias[4] + te, mask=in_pairs, other=0.0)
+    return x * bias[9]
+
+
+@triton.jit
+def add_grads(bias, i_h, a, b, qi, kj, in_pairs, ds):
+    """The tables' gradients += ds (dL/dscore of the block's pairs) at the entries each pair reads (float32 atomics
+    into [Hq, L] buffers: the order of the sums varies run to run)."""
+    pe, te = _entries(bias, a, b, qi, kj, in_pairs)
+    if bias[12] and bias[14]:
+        tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + pe, ds, mask=in_pairs, sem="relaxed")
+    if bias[13] and bias[14]:
+        tl.atomic_add(bias[11] + i_h * (bias[5] + 1) + te, ds, mask=in_pairs, sem="relaxed")
