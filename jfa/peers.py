@@ -67,9 +67,12 @@ def fa4_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv
     return out[0] if isinstance(out, tuple) else out
 
 
-def padded_formula(q, k, v, mask, scale, activation, out_scale):
-    """An activation's attention as users write it in PyTorch: [B, H, L, D] operands, a [B, 1, Lq, Lk] mask."""
+def padded_formula(q, k, v, mask, scale, activation, out_scale, bias=None):
+    """An activation's attention as users write it in PyTorch: [B, H, L, D] operands, a [B, 1, Lq, Lk] mask, a bias
+    added to the scores ([B, 1 or H, Lq, Lk], or None)."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
     p = ACTIVATIONS[activation][0](s).masked_fill(~mask, 0.0)
     out = torch.matmul(p.to(v.dtype), v)
     return out * out_scale
@@ -84,10 +87,13 @@ class PaddedSDPA:
     """Dense attention over padded copies: made once per batch (the mask, from jfa.jagged's rule, bottom-right
     aligned), called per layer with packed q, k, v -> packed out. Softmax by F.scaled_dot_product_attention (a row
     that sees no key sees key 0 instead: SDPA would give NaN; jfa gives 0 there); an activation by padded_formula,
-    compiled with torch.compile when compiled=True. GQA repeats k and v per query head for the formula."""
+    compiled with torch.compile when compiled=True. GQA repeats k and v per query head for the formula. rel_bias (a
+    jfa.RelativeBias, self-attention): its entries' indices made once per batch, the dense [B, H, Lq, Lk] bias
+    gathered from the tables per call (as HSTU's module builds it), added to the scores."""
 
     def __init__(self, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False, window=(-1, -1),
-                 activation="softmax", out_scale=1.0, compiled=False, num_targets=None, contextual_len=0):
+                 activation="softmax", out_scale=1.0, compiled=False, num_targets=None, contextual_len=0,
+                 rel_bias=None):
         self.q_offsets = q_offsets
         self.kv_offsets = q_offsets if kv_offsets is None else kv_offsets
         self.lq, self.lk = _max_len(q_offsets, max_q_len), _max_len(self.kv_offsets, max_kv_len)
@@ -107,6 +113,14 @@ class PaddedSDPA:
             mask = mask | (~mask.any(-1, keepdim=True) & (j == 0))
         self.mask = mask.unsqueeze(1)  # [B, 1, Lq, Lk]
         self.activation, self.out_scale, self.compiled = activation, out_scale, compiled
+        self.rel_bias, self.entries = rel_bias, None
+        if rel_bias is not None:  # each padded pair's table entries (padding reads entry 0: masked anyway)
+            p, nb = (rel_bias.position.shape[-1] + 1) // 2, rel_bias.time.shape[-1] - 1
+            qt, _ = to_padded(rel_bias.q_times.view(-1, 1), q_offsets, self.lq)
+            kt, _ = to_padded(rel_bias.k_times.view(-1, 1), self.kv_offsets, self.lk)
+            dt = (qt.view(-1, self.lq, 1) - kt.view(-1, 1, self.lk)).abs().clamp(min=1).double()
+            self.entries = ((j - i).clamp(1 - p, p - 1) + (p - 1),
+                            torch.floor(torch.log(dt) / rel_bias.time_divisor).clamp(0, nb).long())
         if isinstance(out_scale, torch.Tensor):  # per output row: to the padded layout [B, 1, Lq, 1]
             self.out_scale = to_padded(out_scale.view(-1, 1), q_offsets, self.lq)[0].view(-1, 1, self.lq, 1)
 
@@ -115,15 +129,24 @@ class PaddedSDPA:
         kp, _ = to_padded(k, self.kv_offsets, self.lk)
         vp, _ = to_padded(v, self.kv_offsets, self.lk)
         qp, kp, vp = qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2)
+        bias = None
+        if self.rel_bias is not None:  # [B, 1 or Hq, Lq, Lk] (a table per head: [Hq, L])
+            pos, tim = self.rel_bias.position, self.rel_bias.time
+            bias = pos[..., self.entries[0]] + tim[..., self.entries[1]]
+            bias = bias.unsqueeze(1) if pos.dim() == 1 else bias.transpose(0, 1)
         if self.activation == "softmax":
-            out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=self.mask, scale=scale,
+            mask = self.mask
+            if bias is not None:
+                mask = bias.to(qp.dtype).masked_fill(~self.mask, float("-inf"))
+            out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale,
                                                  enable_gqa=q.shape[1] != k.shape[1])
         else:
             group = q.shape[1] // k.shape[1]
             kp, vp = (x.repeat_interleave(group, dim=1) if group > 1 else x for x in (kp, vp))
             formula = _compiled_formula() if self.compiled else padded_formula
             scale = q.shape[-1] ** -0.5 if scale is None else scale
-            out = formula(qp, kp, vp, self.mask, scale, self.activation, self.out_scale)
+            out = formula(qp, kp, vp, self.mask, scale, self.activation, self.out_scale,
+                          None if bias is None else bias.to(qp.dtype))
         return from_padded(out.transpose(1, 2), self.q_lens)[0]
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import jfa
 from jfa import bias as rel
-from jfa import reference
+from jfa import peers, reference
 from jfa.testing import allowed_error, offsets_of
 
 DIVISOR = 0.301
@@ -285,3 +285,20 @@ def test_compiled_biased_call_is_the_eager_one():
                                                                                        (q, pos, tim))):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(eager, compiled)
+
+
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
+def test_padded_peer_computes_the_same_bias(activation):
+    """The bench's padded peer (jfa.peers.PaddedSDPA with rel_bias: the dense bias gathered from the tables, as HSTU's
+    module builds it) gives the reference's output and tables' gradients."""
+    q, k, v, q_off, _, bias = _problem("self", True, seed=8)
+    bias, tables = _leaves(bias, ("position", "time"))
+    out_scale = 0.05 if activation != "softmax" else 1.0
+    padded = peers.PaddedSDPA(q_off, causal=True, activation=activation, out_scale=out_scale, rel_bias=bias)
+    got = padded(q, k, v)
+    got = (got, *torch.autograd.grad(got.sum(), tables))
+    bias2, tables2 = _leaves(bias, ("position", "time"))
+    want = jfa.jagged_attention(q, k, v, q_off, causal=True, activation=activation, out_scale=out_scale,
+                                rel_bias=bias2, backend="reference")
+    want = (want, *torch.autograd.grad(want.sum(), tables2))
+    _assert_close(("out", "position", "time"), got, want, lambda a, t: 1e-5 * t.abs().max().item() + 1e-6)

@@ -46,7 +46,9 @@ def _expand_q(inp: Inputs):
     return peers.broadcast_rows(inp.q, inp.kv_offsets)[0] if inp.workload.broadcast else inp.q
 
 
-def _peer_checks(inp: Inputs, need_cuda=True, softmax_only=False, windows_only=False):
+def _peer_checks(inp: Inputs, need_cuda=True, softmax_only=False, windows_only=False, bias=False):
+    if inp.tables and not bias:
+        return "no relative attention bias"
     if softmax_only and inp.workload.activation != "softmax":
         return f"softmax attention only (this workload's score is {inp.workload.activation})"
     if windows_only and inp.num_targets is not None:
@@ -158,6 +160,19 @@ class JfaCausal(Jfa):
         return fn, extras
 
 
+class JfaNoBias(Jfa):
+    """jfa (auto) without the relative bias on a workload that has one (score and mask kept): the time the bias is
+    held to."""
+    check_like = dict(rel_bias=None)
+
+    def __init__(self):
+        super().__init__("auto")
+        self.name = "jfa-nobias"
+
+    def skip_reason(self, inp):
+        return None if inp.tables else "a workload without a relative bias: jfa itself"
+
+
 def _new_offsets_ms(call, inp, reps: int = 7) -> float:
     """What a forward costs on top when its offsets are new tensors, as on a training step's first layer (the
     hopper backend builds its schedules then, and caches them by offsets identity for the other layers and
@@ -258,6 +273,21 @@ def _doc_positions(lens: torch.Tensor, device):
     return doc.to(torch.int32), pos.to(torch.int32)
 
 
+def _flex_bias(inp: Inputs):
+    """HSTU's relative bias as a FlexAttention score_mod over the packed rows (self-attention: a pair's position
+    difference is its rows'), the tables captured (Flex differentiates them), the buckets computed per pair."""
+    bias = inp.rel_bias()
+    pos, tim, qt, kt = bias.position, bias.time, bias.q_times, bias.k_times
+    p, nb, div = (pos.shape[0] + 1) // 2, tim.shape[0] - 1, bias.time_divisor
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        r = torch.clamp(kv_idx - q_idx, 1 - p, p - 1) + (p - 1)
+        dt = torch.clamp(torch.abs(qt[q_idx] - kt[kv_idx]), min=1).to(torch.float32)
+        bucket = torch.clamp(torch.floor(torch.log(dt) / div), 0, nb).to(torch.int64)
+        return score + pos[r] + tim[bucket]
+    return score_mod
+
+
 class Flex(Provider):
     """FlexAttention: torch.compile(flex_attention) on the packed batch ([1, H, T, D]) with a document mask."""
     name = "flex"
@@ -268,7 +298,7 @@ class Flex(Provider):
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
         except ImportError as e:
             return f"no FlexAttention in torch {torch.__version__} ({e})"
-        return _peer_checks(inp, softmax_only=True)
+        return _peer_checks(inp, softmax_only=True, bias=True)
 
     def build(self, inp):
         from torch.nn.attention.flex_attention import create_block_mask
@@ -316,11 +346,12 @@ class Flex(Provider):
             times.append((time.perf_counter() - t0) * 1e3)
         flex = _compiled_flex()
         gqa = inp.workload.heads_q != inp.workload.heads_kv
+        score_mod = _flex_bias(inp) if inp.tables else None
 
         def fn():
             q = _expand_q(inp).transpose(0, 1).unsqueeze(0)  # [1, Hq, rows, D]
             k, v = inp.k.transpose(0, 1).unsqueeze(0), inp.v.transpose(0, 1).unsqueeze(0)
-            out = flex(q, k, v, block_mask=block_mask, scale=inp.scale, enable_gqa=gqa)
+            out = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=inp.scale, enable_gqa=gqa)
             return out[0].transpose(0, 1)
         return fn, {"build_ms": times[1], "build_first_ms": times[0]}
 
@@ -362,7 +393,7 @@ class SdpaPadded(Provider):
         padded = peers.PaddedSDPA(inp.q_offsets, inp.kv_offsets, max_q_len=inp.max_q, max_kv_len=inp.max_kv,
                                   window=inp.window, activation=w.activation, out_scale=w.out_scale,
                                   compiled=self.compiled, num_targets=inp.num_targets,
-                                  contextual_len=w.contextual_len)
+                                  contextual_len=w.contextual_len, rel_bias=inp.rel_bias())
 
         def fn():
             return padded(_expand_q(inp), inp.k, inp.v, inp.scale)
@@ -427,7 +458,7 @@ class HSTUCached(Provider):
 
 def all_providers() -> list[Provider]:
     """jfa (auto), one jfa-<backend> per registered backend, jfa-softmax, then the peers."""
-    return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax(), JfaCausal()]
+    return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax(), JfaCausal(), JfaNoBias()]
             + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU(), HSTUCached()])
 
 

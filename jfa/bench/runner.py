@@ -38,6 +38,7 @@ import time
 
 import torch
 
+from .. import bias as rel
 from .. import reference
 from . import providers as providers_mod
 from .suite import Inputs, bytes_moved, flops, make_inputs
@@ -61,16 +62,20 @@ def gate_prefix(inp: Inputs, budget: int = GATE_BUDGET, max_seqs: int = GATE_SEQ
 def _run_reference(inp: Inputs, dtype, like=None):
     """(out, dq, dk, dv) of jfa.reference with inputs and arithmetic in `dtype` (float32 or the inputs'); like: a
     provider's check_like (its output is another score's or mask's on these inputs)."""
-    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in inp.leaves())
+    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in inp.leaves()[:3])
     left, right = inp.window
     w = inp.workload
     score = dict(activation=w.activation, out_scale=w.out_scale, num_targets=inp.num_targets,
-                 contextual_len=w.contextual_len)
+                 contextual_len=w.contextual_len, rel_bias=inp.rel_bias())
     score.update(like or {})
+    tables = ()
+    if score["rel_bias"] is not None:  # (the tables stay float32 leaves; the reference takes them as jfa.bias.Tables)
+        tables = tuple(t.detach().clone().requires_grad_(True) for t in inp.tables)
+        score["rel_bias"] = rel.check(inp.rel_bias(tables), q, k, False, True, inp.scale)
     out, _ = reference.attention(q, k, v, inp.q_offsets, inp.kv_offsets, scale=inp.scale, left=left, right=right,
                                  broadcast=w.broadcast, compute_dtype=dtype, **score)
     out.backward(inp.dout.to(dtype))
-    return [out.detach(), q.grad, k.grad, v.grad]
+    return [out.detach(), q.grad, k.grad, v.grad] + [t.grad for t in tables]
 
 
 def reference_results(inp: Inputs, like=None):
@@ -116,10 +121,10 @@ def check(fn, inp: Inputs, ref, n: int | None = None, forward_only=False) -> dic
         dout = dout.clone()
         dout[rows:] = 0
     got = run_provider_once(fn, inp, dout, forward_only)
-    cut = [rows, inp.q.shape[0] if inp.workload.broadcast else rows, kv_rows, kv_rows]
+    cut = [rows, inp.q.shape[0] if inp.workload.broadcast else rows, kv_rows, kv_rows, None, None]
     eps = torch.finfo(inp.q.dtype).eps
     errors, ok = {}, True
-    for name, x, c, t, e in zip(("out", "dq", "dk", "dv"), got, cut, truth, torch_err):
+    for name, x, c, t, e in zip(("out", "dq", "dk", "dv", "dposition", "dtime"), got, cut, truth, torch_err):
         x = None if x is None else x[:c]
         if x is None or tuple(x.shape) != tuple(t.shape):
             errors[name] = ["missing" if x is None else f"shape {tuple(x.shape)} != {tuple(t.shape)}", None]
@@ -272,7 +277,7 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
                   for ph, f, b in (("fwd", fwd_flops, fwd_bytes), ("bwd", bwd_flops, bwd_bytes))}
     n = gate_prefix(inp)
     gated = inp if n == inp.batch else inp.prefix(n)
-    refs = {None: reference_results(gated)}  # and per provider.check_like (jfa-softmax, jfa-causal)
+    refs = {None: reference_results(gated)}  # and per provider.check_like (jfa-softmax, jfa-causal, jfa-nobias)
     results = {}
     for p in providers:
         if progress:

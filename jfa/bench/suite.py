@@ -14,7 +14,10 @@ length; contextual_len) goes with causal self-attention, or cross-attention with
 last q_len rows against the whole sequence; lengths raised to q_len). Modes: "self" (q, k, v share the lengths), "cross" (each sequence's min(q_len, L) queries, e.g. target items,
 attend its L keys, aligned bottom-right; with q_max_len, query lengths of their own, drawn by the same recipe with
 seed + 1), "broadcast" (one dense q of q_len rows for every sequence). activation and out_scale: softmax, or an
-activation in its place (jfa.jagged_attention's).
+activation in its place (jfa.jagged_attention's). rel_bias [P, NB] (self-attention): HSTU's relative attention bias
+(jfa.RelativeBias.hstu) with a position table of 2P - 1 entries and a time table of NB + 1, both N(0, 0.5^2) with
+seed + 3, learned (their gradients are part of the backward), over timestamps whose gaps are drawn uniformly in
+[1, 86400] with seed + 3.
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ class Workload:
     out_scale: float = 1.0
     targets: tuple | None = None  # HSTU's mask: [lo, hi] targets per sequence, drawn uniformly (seed + 2)
     contextual_len: int = 0
+    rel_bias: tuple | None = None  # HSTU's relative attention bias: [P, NB] (see the module doc)
     lengths: tuple | None = field(default=None, repr=False)
 
     @classmethod
@@ -61,10 +65,11 @@ class Workload:
         if unknown:
             raise ValueError(f"workload {d.get('name')!r}: unknown keys {sorted(unknown)}")
         lengths = d.get("lengths")
-        targets = d.get("targets")
+        targets, rel_bias = d.get("targets"), d.get("rel_bias")
         w = cls(**{**d, "window": tuple(d.get("window", (-1, -1))),
                    "lengths": None if lengths is None else tuple(lengths),
-                   "targets": None if targets is None else tuple(targets)})
+                   "targets": None if targets is None else tuple(targets),
+                   "rel_bias": None if rel_bias is None else tuple(rel_bias)})
         w.validate()
         return w
 
@@ -88,6 +93,8 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: {self.mode} mode needs q_len >= 1")
         if len(self.window) != 2:
             raise ValueError(f"workload {self.name!r}: window must be [left, right]")
+        if self.rel_bias is not None and (self.mode != "self" or len(self.rel_bias) != 2 or min(self.rel_bias) < 1):
+            raise ValueError(f"workload {self.name!r}: rel_bias is [P, NB] (positive), in self-attention")
 
     @property
     def broadcast(self) -> bool:
@@ -108,6 +115,8 @@ class Workload:
         if self.targets is not None:
             parts.append(f"HSTU targets {self.targets[0]}-{self.targets[1]} a sequence"
                          + (f", context {self.contextual_len}" if self.contextual_len else ""))
+        if self.rel_bias is not None:
+            parts.append(f"relative bias ({self.rel_bias[0]} positions, {self.rel_bias[1]} time buckets)")
         return "; ".join(parts)
 
     def spec(self) -> dict:
@@ -121,11 +130,12 @@ class Workload:
         if self.mode == "self":
             del d["q_len"]
         for name, default in (("q_max_len", 0), ("activation", "softmax"), ("out_scale", 1.0), ("targets", None),
-                              ("contextual_len", 0)):
+                              ("contextual_len", 0), ("rel_bias", None)):
             if d[name] == default:
                 del d[name]
-        if self.targets is not None:
-            d["targets"] = list(self.targets)
+        for name in ("targets", "rel_bias"):
+            if getattr(self, name) is not None:
+                d[name] = list(getattr(self, name))
         return d
 
 
@@ -293,6 +303,8 @@ class Inputs:
     kv_lens: torch.Tensor     # [B] int64, CPU
     dout: torch.Tensor        # [rows, Hq, D]: the upstream gradient of the output in packed row order
     num_targets: torch.Tensor | None = None  # [B] int32 on the device: HSTU's mask
+    tables: tuple = ()  # HSTU's relative bias: (position, time) float32 leaves (requires_grad), and
+    timestamps: torch.Tensor | None = None  # the rows' times, int64 [Tq] on the device
 
     @property
     def batch(self) -> int:
@@ -315,7 +327,15 @@ class Inputs:
         return 1.0 / math.sqrt(self.workload.head_dim)
 
     def leaves(self):
-        return [self.q, self.k, self.v]
+        """What the backward differentiates: q, k, v and the bias tables."""
+        return [self.q, self.k, self.v, *self.tables]
+
+    def rel_bias(self, tables=None):
+        """The workload's jfa.RelativeBias (HSTU's) over these tables (the inputs' by default), or None."""
+        if not self.tables:
+            return None
+        from ..bias import RelativeBias
+        return RelativeBias.hstu(*(tables or self.tables), self.timestamps, self.q_offsets)
 
     def score(self) -> dict:
         """The public functions' mask and score arguments for this workload."""
@@ -323,13 +343,15 @@ class Inputs:
         opts = dict(window=self.window, activation=w.activation, out_scale=w.out_scale)
         if self.num_targets is not None:
             opts.update(num_targets=self.num_targets, contextual_len=w.contextual_len, causal=True)
+        if self.tables:
+            opts.update(rel_bias=self.rel_bias())
         return opts
 
     def problem(self, backend: str = "auto", **fields):
         """The jfa.problem.Problem of the jfa provider's call on these inputs (detached leaves, both max lengths
         given), with `fields` replaced: what benchmarks/ hand to a backend's parts."""
         from ..api import problem
-        q, k, v = (t.detach() for t in self.leaves())
+        q, k, v = (t.detach() for t in self.leaves()[:3])
         if self.workload.broadcast:
             p = problem(q, k, v, self.kv_offsets, broadcast=True, max_kv_len=self.max_kv, backend=backend,
                         **self.score())
@@ -348,7 +370,8 @@ class Inputs:
         kv_offsets = q_offsets if self.kv_offsets is self.q_offsets else self.kv_offsets[:n + 1]
         return Inputs(self.workload, leaf(q), leaf(self.k[:ko]), leaf(self.v[:ko]), q_offsets, kv_offsets,
                       self.q_lens[:n], self.kv_lens[:n], self.dout[:qo],
-                      None if self.num_targets is None else self.num_targets[:n])
+                      None if self.num_targets is None else self.num_targets[:n], tuple(leaf(t) for t in self.tables),
+                      None if self.timestamps is None else self.timestamps[:qo])
 
 
 def offsets_of(lens: torch.Tensor, device) -> torch.Tensor:
@@ -379,4 +402,10 @@ def make_inputs(w: Workload, device="cuda", dtype=torch.bfloat16, seed: int = 0)
     kv_offsets = q_offsets if w.mode == "self" else offsets_of(kv_lens, device)
     targets = num_targets(w, kv_lens)
     targets = None if targets is None else targets.to(device=device, dtype=torch.int32)
-    return Inputs(w, q, k, v, q_offsets, kv_offsets, q_lens, kv_lens, dout, targets)
+    tables, timestamps = (), None
+    if w.rel_bias is not None:  # (see the module doc)
+        gb = torch.Generator().manual_seed(w.seed + 3)
+        (p, nb), rows = w.rel_bias, int(q_lens.sum())
+        tables = tuple((torch.randn(n, generator=gb) * 0.5).to(device).requires_grad_(True) for n in (2 * p - 1, nb + 1))
+        timestamps = torch.cumsum(torch.randint(1, 86401, (rows, ), generator=gb), 0).to(device)
+    return Inputs(w, q, k, v, q_offsets, kv_offsets, q_lens, kv_lens, dout, targets, tables, timestamps)
