@@ -47,6 +47,16 @@ ABLATIONS = {
          "        stage.free_ds(it)"),
         ("hopper/bwd_block.py", "        if it % 2 == WG:\n", "        if False:\n"),
         _NO_WRITER]),
+    "no dS wait": ("the consumers' waits on each other's dS^T: before the dQ MMA (for the other's) and before the next "
+                   "block's (for its release); dQ reads whatever is there", [
+        ("hopper/dq_reduce.py", "    stage.wait_ds(it)\n", ""),
+        ("hopper/dq_reduce.py", "        mbarrier.wait(self.ds_free.index(it % 2), ((it // 2) & 1) ^ 1)\n",
+         "        pass\n")]),
+    "dQ own keys": ("half of each dQ chunk's MMA and the wait for the other consumer's dS^T: a consumer's chunk over "
+                    "its own 64 keys", [
+        ("hopper/dq_reduce.py", "    stage.wait_ds(it)\n", ""),
+        ("hopper/dq_reduce.py", "        for k in gl.static_range(2):\n            k_cols = kv_ops.a_block(t, k)",
+         "        for k in gl.static_range(C, C + 1):\n            k_cols = kv_ops.a_block(t, k)")]),
     "no TMA reduce": ("the writer's reduce-adds into dQ (it still drains every chunk)", [
         ("hopper/dq_reduce.py", "async_reduce_add(dq_desc, coord, self.dq.index(slot))", "pass")]),
     "no exp": ("the exponential of P (P = the scaled S minus LSE)", [
