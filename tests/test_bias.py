@@ -182,7 +182,8 @@ def _assert_close(names, got, truth, allowed):
     for name, a, t in zip(names, got, truth):
         a, t = a.detach().double().cpu(), t.detach().double().cpu()
         err = (a - t).abs().max().item() if t.numel() else 0.0
-        assert err <= allowed(a, t), f"{name}: max abs error {err:.3g} > {allowed(a, t):.3g}"
+        tol = allowed(a, t)
+        assert err <= tol, f"{name}: max abs error {err:.3g} > {tol:.3g}"
 
 
 @pytest.mark.interpreter
