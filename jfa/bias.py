@@ -171,39 +171,44 @@ def group(t: Optional[Tables], scale: float, grads=None):
 
 
 @triton.jit
-def _entries(bias, a, b, qi, kj, in_pairs):
-    """(position entry, time entry) of pairs at positions (a, b) and packed rows (qi, kj) (broadcast shapes)."""
+def _entries(bias, pairs):
+    """(position entry, time entry) of a block's pairs (see block)."""
+    a, b, qi, kj, q_in, k_in = pairs
     pe = a - b  # (unused without a position table)
     if bias[12]:
         P = bias[2]
         pe = tl.minimum(tl.maximum(b - a, 1 - P), P - 1) + (P - 1)
-    te = a - b
-    if bias[13]:
-        qt = tl.load(bias[6] + qi, mask=in_pairs, other=0)
-        kt = tl.load(bias[7] + kj, mask=in_pairs, other=0)
-        dt = tl.maximum(tl.abs(qt - kt), 1).to(tl.float32)
+    te = pe
+    if bias[13]:  # (the times by row and by column; their difference by pair)
+        qt = tl.load(bias[6] + qi, mask=q_in, other=0)
+        kt = tl.load(bias[7] + kj, mask=k_in, other=0)
+        dt = tl.maximum(tl.abs(qt - kt).to(tl.float32), 1.0)
         te = tl.minimum(tl.maximum(tl.floor(tl.log(dt) * bias[8]), 0.0), bias[5] * 1.0).to(tl.int32)
     return pe, te
 
 
 @triton.jit
-def block(bias, i_h, a, b, qi, kj, in_pairs):
-    """The bias of a block of pairs over the scale (what the kernels add to the raw scores q . k): queries at
-    positions a and packed rows qi, keys at b and kj, broadcast to the block's shape; 0 outside in_pairs."""
-    pe, te = _entries(bias, a, b, qi, kj, in_pairs)
-    x = tl.zeros(in_pairs.shape, tl.float32)
+def block(bias, i_h, pairs):
+    """The bias of a block of pairs over the scale (what the kernels add to the raw scores q . k). pairs = (a, b, qi,
+    kj, q_in, k_in): the queries' positions in their sequence, packed rows and existence on the query side of the
+    block's shape, the keys' on the key side (each broadcast to the block: [M, 1] and [1, N], or transposed). Pairs
+    outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
+    pe, te = _entries(bias, pairs)
     if bias[12]:
-        x += tl.load(bias[0] + i_h * bias[1] + pe, mask=in_pairs, other=0.0)
-    if bias[13]:
-        x += tl.load(bias[3] + i_h * bias[4] + te, mask=in_pairs, other=0.0)
+        x = tl.load(bias[0] + i_h * bias[1] + pe)
+        if bias[13]:
+            x += tl.load(bias[3] + i_h * bias[4] + te)
+    else:
+        x = tl.load(bias[3] + i_h * bias[4] + te)
     return x * bias[9]
 
 
 @triton.jit
-def add_grads(bias, i_h, a, b, qi, kj, in_pairs, ds):
+def add_grads(bias, i_h, pairs, ds):
     """The tables' gradients += ds (dL/dscore of the block's pairs) at the entries each pair reads (float32 atomics
     into [Hq, L] buffers: the order of the sums varies run to run)."""
-    pe, te = _entries(bias, a, b, qi, kj, in_pairs)
+    pe, te = _entries(bias, pairs)
+    in_pairs = pairs[4] & pairs[5]
     if bias[12] and bias[14]:
         tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + pe, ds, mask=in_pairs, sem="relaxed")
     if bias[13] and bias[14]:

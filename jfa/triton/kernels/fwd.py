@@ -39,8 +39,8 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, bias,
         b_kt = tl.load(p_k, mask=m_d[:, None] & m_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
         b_s = mma(b_q, b_kt, FORM)  # [BLOCK_M, BLOCK_N]
         if bias is not None:  # (over the scale: so that the score's scaling applies to it too)
-            b_s += rel.block(bias, at[0], offs_m[:, None] + (seq[1] - seq[0]), o_n[None, :], at[1] + offs_m[:, None],
-                             at[2] + o_n[None, :], (offs_m < seq[0])[:, None] & m_n[None, :])
+            b_s += rel.block(bias, at[0], (offs_m[:, None] + (seq[1] - seq[0]), o_n[None, :], at[1] + offs_m[:, None],
+                                           at[2] + o_n[None, :], (offs_m < seq[0])[:, None], m_n[None, :]))
         b_s = b_s * score[0]  # base-2 logits with softmax
         if MASKED and variants.masks_scores(SCORE):
             b_s = variants.hide(b_s, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
