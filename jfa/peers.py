@@ -9,12 +9,14 @@ imported when called.
                      an activation, the same formula written out in PyTorch (eager, or compiled: torch.compile)
   hstu_attention     HSTU's Triton kernel (meta-recsys/generative-recommenders, when importable: scripts/carry_hstu.sh)
                      for silu attention, causal, with a 1 / N out scale
+  hstu_cuda_attention  HSTU's CUDA kernel (FA3-based, sm_90a; built by scripts/build_hstu_cuda.sh), the same terms
   broadcast_of(f)    broadcast q for a kernel that has no such mode: q repeated per sequence (timed with it)
 """
 from __future__ import annotations
 
 import functools
 import inspect
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -197,6 +199,42 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     targets = None if num_targets is None else num_targets.to(torch.int64)
     return triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0), contextual_len)
+
+
+HSTU_CUDA_LIB = Path(__file__).resolve().parents[1] / ".peers" / "hstu_cuda" / "hstu_C.so"
+
+
+def hstu_cuda_available() -> str | None:
+    """None, or why HSTU's CUDA kernel (its FA3-based one, built by scripts/build_hstu_cuda.sh into .peers/) is not
+    here: loaded once, it registers torch.ops.hstu.hstu_mha."""
+    if hasattr(torch.ops.hstu, "hstu_mha"):
+        return None
+    if not HSTU_CUDA_LIB.exists():
+        return f"no {HSTU_CUDA_LIB.relative_to(HSTU_CUDA_LIB.parents[2])} (scripts/build_hstu_cuda.sh)"
+    try:
+        torch.ops.load_library(str(HSTU_CUDA_LIB))
+    except Exception as e:  # an ABI or CUDA mismatch
+        return f"{type(e).__name__}: {str(e)[:120]}"
+    return None if hasattr(torch.ops.hstu, "hstu_mha") else "its library registers no hstu_mha"
+
+
+def hstu_cuda_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                        window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
+                        contextual_len=0):
+    """HSTU's CUDA kernel (torch.ops.hstu.hstu_mha, with its own autograd), called as cuda_hstu_mha calls it: the
+    terms of hstu_refusal (causal silu self-attention, out_scale 1 / N with N its max_seq_len); int32 offsets and
+    targets; k and v repeated per query head (no GQA)."""
+    left, right = causal_window(causal, window)
+    refusal = hstu_refusal(kv_offsets is None or kv_offsets is q_offsets, right, activation, out_scale,
+                           _max_len(q_offsets, max_q_len))
+    if refusal:
+        raise ValueError(refusal)
+    if q.shape[1] != k.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    targets = None if num_targets is None else num_targets.to(torch.int32)
+    return torch.ops.hstu.hstu_mha(round(1.0 / out_scale), scale, q, k, v, q_offsets.to(torch.int32), True, targets,
+                                   None, max(left, 0), 0, contextual_len, None, None, None, False, False)
 
 
 def hstu_cached_refusal(q_lens, right, activation, out_scale, max_len) -> str | None:

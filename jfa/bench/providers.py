@@ -432,6 +432,28 @@ class HSTU(Provider):
         return fn, {"note": "k, v repeated per q head (no GQA)"} if w.heads_q != w.heads_kv else {}
 
 
+class HSTUCuda(HSTU):
+    """HSTU's CUDA kernel (generative-recommenders ops/cpp/hstu_attention, FlashAttention-3-based), as its users call
+    it (cuda_hstu_mha)."""
+    name = "hstu-cuda"
+    needs = "scripts/build_hstu_cuda.sh (objects anywhere, link on the GPU machine); causal silu self-attention"
+
+    def skip_reason(self, inp):
+        w = inp.workload
+        return (peers.hstu_refusal(w.mode == "self", inp.window[1], w.activation, w.out_scale, inp.max_q)
+                or peers.hstu_cuda_available() or _peer_checks(inp))
+
+    def build(self, inp):
+        w = inp.workload
+
+        def fn():
+            return peers.hstu_cuda_attention(inp.q, inp.k, inp.v, inp.q_offsets, max_q_len=inp.max_q,
+                                             max_kv_len=inp.max_kv, window=inp.window, scale=inp.scale,
+                                             activation=w.activation, out_scale=w.out_scale,
+                                             num_targets=inp.num_targets, contextual_len=w.contextual_len)
+        return fn, {"note": "k, v repeated per q head (no GQA)"} if w.heads_q != w.heads_kv else {}
+
+
 class HSTUCached(Provider):
     """HSTU's cached Triton kernel (serving: the new rows against each cached history), as its users call it
     (triton_cached_hstu_mha)."""
@@ -459,7 +481,7 @@ class HSTUCached(Provider):
 def all_providers() -> list[Provider]:
     """jfa (auto), one jfa-<backend> per registered backend, jfa-softmax, then the peers."""
     return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax(), JfaCausal(), JfaNoBias()]
-            + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU(), HSTUCached()])
+            + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU(), HSTUCuda(), HSTUCached()])
 
 
 def select(names: str | None) -> list[Provider]:
