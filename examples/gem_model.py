@@ -143,6 +143,8 @@ def main(argv=None):
             raise SystemExit(f"--attention fa4 needs flash-attn-4 (pip install 'jfa[peers]'): {type(e).__name__}")
     if args.attention == "hstu" and peers.hstu_available():
         raise SystemExit(f"--attention hstu needs generative-recommenders' HSTU kernels: {peers.hstu_available()}")
+    if args.attention == "hstu-cuda" and peers.hstu_cuda_available():
+        raise SystemExit(f"--attention hstu-cuda needs HSTU's CUDA kernel: {peers.hstu_cuda_available()}")
     causal = args.causal or args.hstu  # (HSTU's layers are causal)
     if args.targets and not causal:
         raise SystemExit("--targets (HSTU's mask) needs causal attention: add --causal or --hstu")

@@ -287,4 +287,5 @@ KERNELS = {  # impl -> (jagged attention, broadcast attention) for jfa.nn's `att
     "fa4": (fa4_attention, broadcast_of(fa4_attention)),
     "padded": (padded_attention, broadcast_of(padded_attention)),
     "hstu": (hstu_attention, None),
+    "hstu-cuda": (hstu_cuda_attention, None),
 }
