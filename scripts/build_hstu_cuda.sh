@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # usage: scripts/build_hstu_cuda.sh sources GR_GIT_DIR CUTLASS_GIT_DIR   (any machine: copies the sources)
 #        scripts/build_hstu_cuda.sh objects [JOBS]                       (any machine with nvcc >= 12.3: ~10 min a file)
-#        scripts/build_hstu_cuda.sh link                                 (the GPU machine: torch headers, ~2 min)
+#        scripts/build_hstu_cuda.sh link                                 (the GPU machine: torch headers, ~1 min)
 # HSTU's CUDA attention kernel (meta-recsys/generative-recommenders ops/cpp/hstu_attention, FA3-based, sm_90a) as a
 # benchmark peer: never a dependency, never committed; everything goes to .peers/hstu_cuda (git-ignored).
 # Its setup.py is stale (it lists files that no longer exist), so this builds what head dim 128 in bf16 needs: the
 # six instantiations (forward softmax false/true, backward softmax false/true x dQ float32/bf16) with CUTLASS at
 # the submodule's commit (dc4817921edd, v4.0). The .cu files include no torch header: `objects` compiles them
 # anywhere (2 at a time: 7-8 GB of memory each), so the slow part runs on a CPU machine and the objects (a few MB)
-# are carried; `link` compiles the four .cpp files against torch there and links .peers/hstu_cuda/hstu_C.so, which
+# are carried; `link` compiles the four .cpp files (g++) against torch there and links .peers/hstu_cuda/hstu_C.so, which
 # registers HSTU's ops (torch.ops.hstu.*) when loaded with torch.ops.load_library.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,14 +41,17 @@ case "${1:-}" in
     inc=$($py -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")
     libs=$($py -c "from torch.utils.cpp_extension import library_paths; print(' '.join('-L' + p for p in library_paths()))")
     abi=$($py -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
+    pyinc=$($py -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    # the ATen CUDA headers want cusparse.h etc.: the toolkit's, and the pip nvidia-* packages' where torch has them
+    extra=$($py -c "import glob, os, site; print(' '.join('-I' + d for p in site.getsitepackages() for d in glob.glob(os.path.join(p, 'nvidia', '*', 'include'))))")
     for f in flash_api flash_common flash_api_cpu flash_common_cpu; do
-      std=c++17; [ $f = flash_api_cpu ] && std=c++20
-      [ -s obj/$f.o ] || nvcc -c -x cu $src/$f.cpp -o obj/$f.o -O3 -std=$std -D_GLIBCXX_USE_CXX11_ABI=$abi \
-        -DTORCH_EXTENSION_NAME=hstu_C -DTORCH_API_INCLUDE_EXTENSION_H -Xcompiler -fPIC $features $torch_flags \
-        -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -gencode arch=compute_90a,code=sm_90a \
-        $inc -I"$($py -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" -I$(dirname $src) -Icutlass/include
+      std=c++17; [ $f = flash_api_cpu ] && std=c++20  # (g++: nvcc rejects flash_api_cpu's default arguments)
+      [ -s obj/$f.o ] || g++ -c $src/$f.cpp -o obj/$f.o -O3 -std=$std -fPIC -D_GLIBCXX_USE_CXX11_ABI=$abi \
+        -DTORCH_EXTENSION_NAME=hstu_C -DTORCH_API_INCLUDE_EXTENSION_H $features -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED \
+        $inc -I"$pyinc" -I"$cuda/include" $extra -I"$(dirname $src)" -Icutlass/include
     done
-    nvcc -shared obj/*.o -o hstu_C.so $libs -lc10 -ltorch -ltorch_cpu -ltorch_cuda -lc10_cuda -lcudart
+    g++ -shared obj/*.o -o hstu_C.so $libs -L"$cuda/lib64" -lc10 -ltorch -ltorch_cpu -ltorch_cuda -lc10_cuda -lcudart
     echo "built $dir/hstu_C.so" ;;
   *) sed -n 2,4p "$0"; exit 2 ;;
 esac
