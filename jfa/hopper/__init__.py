@@ -23,7 +23,8 @@ def supports(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
 
 
 def forward(p: Problem, cfg: FwdConfig | None = None):
-    """-> (out [rows, Hq, D], lse [Hq, rows] float32), in config cfg (jfa.hopper.config.fwd_config's by default)."""
+    """-> (out [rows, Hq, D], lse [Hq, rows] float32), in config cfg, else one launch a key-length class
+    (jfa.hopper.config.fwd_classes)."""
     from .fwd import forward
     return forward(p, cfg)
 

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..schedule import ScheduleSpec
 
@@ -174,6 +175,19 @@ def select_bwd(p: Problem) -> BwdPlan:
 def fwd_config(p: Problem) -> FwdConfig:
     """select_fwd's for the problem's shape."""
     return for_problem(select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1)), p)
+
+
+def fwd_classes(p: Problem) -> list:
+    """[(config, kv_range)]: the forward's launches by key-length class. One, fwd_config's for the whole batch; or
+    where the batch's mean key length is short but the caller's max_kv_len lets a sequence pass SHORT_KV (a mixed
+    batch: a long history among short ones, whose pairs are nearly all the long one's), two: the mean's form over
+    the sequences of at most SHORT_KV keys and the long form over the rest, split on the device by their schedules
+    (ScheduleSpec.kv_range: no host sync). Where max_kv_len is a loose bound and no sequence is long, the second
+    launch finds no items."""
+    cfg = fwd_config(p)
+    if p.max_kv_len is not None and p.max_kv_len > SHORT_KV and p.k.shape[0] / max(p.batch, 1) <= SHORT_KV:
+        return [(cfg, (0, SHORT_KV + 1)), (for_problem(select_fwd(p.head_dim), p), (SHORT_KV + 1, UNBOUNDED))]
+    return [(cfg, (0, UNBOUNDED))]
 
 
 def for_problem(cfg, p: Problem):
