@@ -338,9 +338,10 @@ def test_length_classes_split_the_items(key_tiles):
     assert sorted(short + long) == sorted(whole)
 
 
-def test_forward_length_classes_follow_the_hint():
-    """jfa.hopper.config.fwd_classes: one launch by the mean key length, unless the mean is short and max_kv_len
-    allows a long sequence: then the short form over at most SHORT_KV keys and the long form over the rest."""
+def test_length_classes_follow_the_hint():
+    """jfa.hopper.config.fwd_classes, bwd_classes: one launch by the mean key length, unless the mean is short and
+    max_kv_len allows a long sequence: then the short form over at most SHORT_KV keys and the long form over the
+    rest."""
     from jfa.api import problem
     from jfa.hopper.config import SHORT_KV, fwd_classes, select_fwd
     lens = [40] * 63 + [4096]
@@ -351,6 +352,10 @@ def test_forward_length_classes_follow_the_hint():
     hinted = fwd_classes(problem(q, q, q, off, causal=True, max_q_len=4096, max_kv_len=4096, backend="reference"))
     assert [r for _, r in hinted] == [(0, SHORT_KV + 1), (SHORT_KV + 1, 1 << 30)]
     assert hinted[0][0] == one[0][0] and hinted[1][0] == select_fwd(128)
+    from jfa.hopper.config import DqRoute, bwd_classes
+    plans = bwd_classes(problem(q, q, q, off, causal=True, max_q_len=4096, max_kv_len=4096, backend="reference"))
+    assert [r for _, r in plans] == [(0, SHORT_KV + 1), (SHORT_KV + 1, 1 << 30)]
+    assert plans[0][0].dkdv.dq == DqRoute.DIRECT and plans[1][0].dkdv.dq == DqRoute.REDUCE
     long_mean = fwd_classes(problem(q[:4096], q[:4096], q[:4096], offsets_of([4096]), causal=True, max_q_len=4096,
                                     max_kv_len=4096, backend="reference"))
     assert len(long_mean) == 1

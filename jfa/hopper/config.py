@@ -172,6 +172,24 @@ def select_bwd(p: Problem) -> BwdPlan:
     return BwdPlan(dkdv, None if direct_only else select_dq(p.head_dim), skip_kv)
 
 
+def _mixed(p: Problem) -> bool:
+    """A mixed batch: the mean key length short, the caller's max_kv_len past SHORT_KV (fwd_classes)."""
+    return p.max_kv_len is not None and p.max_kv_len > SHORT_KV and p.k.shape[0] / max(p.batch, 1) <= SHORT_KV
+
+
+def bwd_classes(p: Problem) -> list:
+    """[(plan, kv_range)]: the backward's kernels by key-length class, as fwd_classes: one plan (select_bwd's), or
+    for a mixed batch (not broadcast) the mean's plan over the sequences of at most SHORT_KV keys and the long
+    plan (the one pass, or two passes where deterministic) over the rest."""
+    plan = select_bwd(p)
+    if not _mixed(p) or p.broadcast:
+        return [(plan, (0, UNBOUNDED))]
+    route = dq_route(p.head_dim, False, float("inf"), p.deterministic)
+    dkdv = for_problem(select_dkdv(p.head_dim, route), p)
+    long = BwdPlan(dkdv, None) if route == DqRoute.REDUCE else BwdPlan(dkdv, select_dq(p.head_dim))
+    return [(plan, (0, SHORT_KV + 1)), (long, (SHORT_KV + 1, UNBOUNDED))]
+
+
 def fwd_config(p: Problem) -> FwdConfig:
     """select_fwd's for the problem's shape."""
     return for_problem(select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1)), p)
@@ -185,7 +203,7 @@ def fwd_classes(p: Problem) -> list:
     (ScheduleSpec.kv_range: no host sync). Where max_kv_len is a loose bound and no sequence is long, the second
     launch finds no items."""
     cfg = fwd_config(p)
-    if p.max_kv_len is not None and p.max_kv_len > SHORT_KV and p.k.shape[0] / max(p.batch, 1) <= SHORT_KV:
+    if _mixed(p):
         return [(cfg, (0, SHORT_KV + 1)), (for_problem(select_fwd(p.head_dim), p), (SHORT_KV + 1, UNBOUNDED))]
     return [(cfg, (0, UNBOUNDED))]
 
