@@ -173,8 +173,10 @@ def select_bwd(p: Problem) -> BwdPlan:
 
 
 def _mixed(p: Problem) -> bool:
-    """A mixed batch: the mean key length short, the caller's max_kv_len past SHORT_KV (fwd_classes)."""
-    return p.max_kv_len is not None and p.max_kv_len > SHORT_KV and p.k.shape[0] / max(p.batch, 1) <= SHORT_KV
+    """A mixed batch (fwd_classes): the mean key length within SHORT_TILE_KV (where the short forms are farthest
+    from the long ones), the caller's max_kv_len past SHORT_KV. (Means up to SHORT_KV with longer sequences, as
+    self-uniform-1k, gdpa-self and pma-256 are, keep one form until the split is timed there.)"""
+    return p.max_kv_len is not None and p.max_kv_len > SHORT_KV and p.k.shape[0] / max(p.batch, 1) <= SHORT_TILE_KV
 
 
 def bwd_classes(p: Problem) -> list:
@@ -198,9 +200,9 @@ def fwd_config(p: Problem) -> FwdConfig:
 def fwd_classes(p: Problem) -> list:
     """[(config, kv_range)]: the forward's launches by key-length class. One, fwd_config's for the whole batch; or
     where the batch's mean key length is short but the caller's max_kv_len lets a sequence pass SHORT_KV (a mixed
-    batch: a long history among short ones, whose pairs are nearly all the long one's), two: the mean's form over
-    the sequences of at most SHORT_KV keys and the long form over the rest, split on the device by their schedules
-    (ScheduleSpec.kv_range: no host sync). Where max_kv_len is a loose bound and no sequence is long, the second
+    batch, _mixed: a long history among short ones, whose pairs are nearly all the long one's), two: the mean's form
+    over the sequences of at most SHORT_KV keys and the long form over the rest, split on the device by their
+    schedules (ScheduleSpec.kv_range: no host sync). Where max_kv_len is a loose bound and no sequence is long, the second
     launch finds no items."""
     cfg = fwd_config(p)
     if _mixed(p):
