@@ -202,8 +202,8 @@ def fwd_classes(p: Problem) -> list:
     where the batch's mean key length is short but the caller's max_kv_len lets a sequence pass SHORT_KV (a mixed
     batch, _mixed: a long history among short ones, whose pairs are nearly all the long one's), two: the mean's form
     over the sequences of at most SHORT_KV keys and the long form over the rest, split on the device by their
-    schedules (ScheduleSpec.kv_range: no host sync). Where max_kv_len is a loose bound and no sequence is long, the second
-    launch finds no items."""
+    schedules (ScheduleSpec.kv_range: no host sync). Where max_kv_len is a loose bound and no sequence is long, the
+    second launch finds no items."""
     cfg = fwd_config(p)
     if _mixed(p):
         return [(cfg, (0, SHORT_KV + 1)), (for_problem(select_fwd(p.head_dim), p), (SHORT_KV + 1, UNBOUNDED))]
