@@ -415,20 +415,21 @@ class HSTU(Provider):
     """HSTU's Triton kernel (meta-recsys/generative-recommenders), called as its users call it (triton_hstu_mha)."""
     name = "hstu"
     needs = "generative-recommenders' ops on the path (scripts/carry_hstu.sh); causal silu self-attention"
+    attention = staticmethod(peers.hstu_attention)  # (the kernel, and why it is not here: None when it is)
+    available = staticmethod(peers.hstu_available)
 
     def skip_reason(self, inp):
         w = inp.workload
         return (peers.hstu_refusal(w.mode == "self", inp.window[1], w.activation, w.out_scale, inp.max_q)
-                or peers.hstu_available() or _peer_checks(inp))
+                or self.available() or _peer_checks(inp))
 
     def build(self, inp):
         w = inp.workload
 
         def fn():
-            return peers.hstu_attention(inp.q, inp.k, inp.v, inp.q_offsets, max_q_len=inp.max_q,
-                                        max_kv_len=inp.max_kv, window=inp.window, scale=inp.scale,
-                                        activation=w.activation, out_scale=w.out_scale, num_targets=inp.num_targets,
-                                        contextual_len=w.contextual_len)
+            return self.attention(inp.q, inp.k, inp.v, inp.q_offsets, max_q_len=inp.max_q, max_kv_len=inp.max_kv,
+                                  window=inp.window, scale=inp.scale, activation=w.activation,
+                                  out_scale=w.out_scale, num_targets=inp.num_targets, contextual_len=w.contextual_len)
         return fn, {"note": "k, v repeated per q head (no GQA)"} if w.heads_q != w.heads_kv else {}
 
 
@@ -437,21 +438,8 @@ class HSTUCuda(HSTU):
     it (cuda_hstu_mha)."""
     name = "hstu-cuda"
     needs = "scripts/build_hstu_cuda.sh (objects anywhere, link on the GPU machine); causal silu self-attention"
-
-    def skip_reason(self, inp):
-        w = inp.workload
-        return (peers.hstu_refusal(w.mode == "self", inp.window[1], w.activation, w.out_scale, inp.max_q)
-                or peers.hstu_cuda_available() or _peer_checks(inp))
-
-    def build(self, inp):
-        w = inp.workload
-
-        def fn():
-            return peers.hstu_cuda_attention(inp.q, inp.k, inp.v, inp.q_offsets, max_q_len=inp.max_q,
-                                             max_kv_len=inp.max_kv, window=inp.window, scale=inp.scale,
-                                             activation=w.activation, out_scale=w.out_scale,
-                                             num_targets=inp.num_targets, contextual_len=w.contextual_len)
-        return fn, {"note": "k, v repeated per q head (no GQA)"} if w.heads_q != w.heads_kv else {}
+    attention = staticmethod(peers.hstu_cuda_attention)
+    available = staticmethod(peers.hstu_cuda_available)
 
 
 class HSTUCached(Provider):
