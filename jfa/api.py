@@ -201,10 +201,10 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     backend = "triton" if portable and backend == "hopper" else backend  # (hopper's key blocks span no page)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    bias_fields = {} if tables is None else dict(bias_position=tables.position, bias_time=tables.time,
+                                                 q_times=tables.q_times, k_times=tables.k_times,
+                                                 time_divisor=tables.time_divisor)
     return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,
                    out_scale=out_scale, row_scale=row_scale, num_targets=num_targets, contextual_len=contextual_len,
-                   bias_position=tables and tables.position, bias_time=tables and tables.time,
-                   q_times=tables and tables.q_times, k_times=tables and tables.k_times,
-                   time_divisor=tables.time_divisor if tables else 0.301,
-                   page_table=page_table, page_size=page_size, max_q_len=max_q_len, max_kv_len=max_kv_len,
+                   **bias_fields, page_table=page_table, page_size=page_size, max_q_len=max_q_len, max_kv_len=max_kv_len,
                    backend=backend, deterministic=deterministic)

@@ -134,15 +134,21 @@ def indices(lq: int, lk: int, q_times, k_times, length_pos: int, length_time: in
     return pos, tim
 
 
-def matrix(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int, dtype):
-    """Sequence's bias [Hq, Lq, Lk] in dtype (differentiable in the tables), or None without tables."""
-    if t is None:
-        return None
+def entries(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int):
+    """A sequence's (position entry, time entry) of each pair (indices' for its rows and times)."""
     lp = 0 if t.position is None else t.position.shape[1]
     lt = 0 if t.time is None else t.time.shape[1]
     qt = None if t.time is None else t.q_times[q_rows]
     kt = None if t.time is None else t.k_times[k_rows]
-    pos, tim = indices(lq, lk, qt, kt, lp, lt, t.time_divisor, (t.position if lp else t.time).device)
+    return indices(lq, lk, qt, kt, lp, lt, t.time_divisor, (t.position if lp else t.time).device)
+
+
+def matrix(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int, dtype, at=None):
+    """Sequence's bias [Hq, Lq, Lk] in dtype (differentiable in the tables), or None without tables; at: its
+    entries, where the caller has them."""
+    if t is None:
+        return None
+    pos, tim = entries(t, q_rows, k_rows, lq, lk) if at is None else at
     out = 0
     if pos is not None:
         out = out + t.position.to(dtype)[:, pos]

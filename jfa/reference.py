@@ -187,17 +187,14 @@ def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale
         qs, ks = slice(q_off[b], q_off[b + 1]), slice(kv_off[b], kv_off[b + 1])
         qb = q if broadcast else q[qs]
         lq, lk = qb.shape[0], ks.stop - ks.start
-        bias = rel.matrix(rel_bias, qs, ks, lq, lk, compute_dtype)
+        at = None if rel_bias is None else rel.entries(rel_bias, qs, ks, lq, lk)
+        bias = rel.matrix(rel_bias, qs, ks, lq, lk, compute_dtype, at)
         g = attention_one_backward(qb, k[ks], v[ks], out[qs], dout[qs], None if dlse is None else dlse[:, qs],
                                    scale, left, right, compute_dtype, magnitudes, activation, targets[b], bias)
         if rel_bias is not None:  # each table entry's gradient: dS summed over the pairs that read it
-            lengths = [0 if t is None else t.shape[1] for t in tables]
-            entries = rel.indices(lq, lk, None if rel_bias.time is None else rel_bias.q_times[qs],
-                                  None if rel_bias.time is None else rel_bias.k_times[ks], *lengths,
-                                  rel_bias.time_divisor, q.device)
-            for grad, at in zip(tables, entries):
+            for grad, index in zip(tables, at):
                 if grad is not None:
-                    grad.index_add_(1, at.reshape(-1), g[3].reshape(grad.shape[0], -1))
+                    grad.index_add_(1, index.reshape(-1), g[3].reshape(grad.shape[0], -1))
         if broadcast:
             dq += g[0]
         else:

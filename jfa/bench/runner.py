@@ -66,12 +66,12 @@ def _run_reference(inp: Inputs, dtype, like=None):
     left, right = inp.window
     w = inp.workload
     score = dict(activation=w.activation, out_scale=w.out_scale, num_targets=inp.num_targets,
-                 contextual_len=w.contextual_len, rel_bias=inp.rel_bias())
-    score.update(like or {})
+                 contextual_len=w.contextual_len, rel_bias=None)
     tables = ()
-    if score["rel_bias"] is not None:  # (the tables stay float32 leaves; the reference takes them as jfa.bias.Tables)
+    if inp.tables and "rel_bias" not in (like or {}):  # (float32 leaves; the reference takes jfa.bias.Tables)
         tables = tuple(t.detach().clone().requires_grad_(True) for t in inp.tables)
         score["rel_bias"] = rel.check(inp.rel_bias(tables), q, k, False, True, inp.scale)
+    score.update(like or {})
     out, _ = reference.attention(q, k, v, inp.q_offsets, inp.kv_offsets, scale=inp.scale, left=left, right=right,
                                  broadcast=w.broadcast, compute_dtype=dtype, **score)
     out.backward(inp.dout.to(dtype))
