@@ -161,11 +161,36 @@ def padded_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max
                       contextual_len=contextual_len)(q, k, v, scale)
 
 
+# HSTU's training kernels' autotune configs that run on the H200 (BLOCK_M, BLOCK_N, num_warps, num_stages,
+# SEQUENCE_PARALLEL): with its whole lists, autotuning faults (illegal memory access) under triton 3.6 and CUDA 13
+# (triton-lang/triton#10573 reports such faults in attention backwards from 3.6 on). Its serving kernel runs as is.
+HSTU_RUNNING_CONFIGS = {
+    "_hstu_attn_fwd": {(128, 64, 8, 2, None), (128, 64, 4, 2, None), (64, 64, 8, 4, None), (128, 128, 4, 4, None)},
+    "_hstu_attn_bwd": {(64, 64, 8, 2, False), (32, 128, 8, 2, False), (32, 128, 8, 3, False), (64, 64, 4, 2, True)},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def hstu_triton():
+    """HSTU's Triton attention module (scripts/carry_hstu.sh), its training kernels' autotune cut to
+    HSTU_RUNNING_CONFIGS (UNROLL 1, no TLX)."""
+    import generative_recommenders.ops.triton.triton_hstu_attention as module
+    for name, keep in HSTU_RUNNING_CONFIGS.items():
+        tuner = getattr(module, name)
+        tuner.configs = [c for c in tuner.configs
+                         if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
+                             c.kwargs.get("SEQUENCE_PARALLEL")) in keep
+                         and c.kwargs.get("UNROLL", 1) == 1 and not c.kwargs.get("USE_TLX", False)]
+        if len(tuner.configs) != len(keep):
+            raise RuntimeError(f"HSTU's {name} has {len(tuner.configs)} of the {len(keep)} configs that run here")
+    return module
+
+
 def hstu_available() -> str | None:
     """None, or why HSTU's Triton kernel cannot be imported here."""
     try:
-        import generative_recommenders.ops.triton.triton_hstu_attention  # noqa: F401
-    except Exception as e:  # ImportError, or an incompatible triton
+        hstu_triton()
+    except Exception as e:  # ImportError, an incompatible triton, or other autotune lists
         return f"{type(e).__name__}: {str(e)[:120]} (scripts/carry_hstu.sh)"
     return None
 
@@ -187,7 +212,6 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
                    contextual_len=0):
     """HSTU's kernel: self-attention only, causal, silu with out_scale 1 / N (N an int); window (W, 0) is its
     max_attn_len. Its own GQA has none: k and v are repeated per query head."""
-    from generative_recommenders.ops.triton.triton_hstu_attention import triton_hstu_mha
     left, right = causal_window(causal, window)
     refusal = hstu_refusal(kv_offsets is None or kv_offsets is q_offsets, right, activation, out_scale,
                            _max_len(q_offsets, max_q_len))
@@ -198,7 +222,7 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     targets = None if num_targets is None else num_targets.to(torch.int64)
-    return triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0), contextual_len)
+    return hstu_triton().triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0), contextual_len)
 
 
 HSTU_CUDA_LIB = Path(__file__).resolve().parents[1] / ".peers" / "hstu_cuda" / "hstu_C.so"
@@ -254,13 +278,12 @@ def hstu_cached_attention(q, k, v, q_offsets, kv_offsets, *, max_q_len=None, max
     """HSTU's cached kernel (triton_cached_hstu_mha, serving): each sequence's last Lq rows (one Lq for all) as
     queries against the whole sequence, causal silu with out_scale 1 / N; checked by hstu_cached_refusal on the
     caller's side (it reads the lengths). k and v are repeated per query head (no GQA)."""
-    from generative_recommenders.ops.triton.triton_hstu_attention import triton_cached_hstu_mha
     left, _ = causal_window(causal, window)
     if q.shape[1] != k.shape[1]:
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     targets = None if num_targets is None else num_targets.to(torch.int64)
-    return triton_cached_hstu_mha(round(1.0 / out_scale), scale, q, k, v, kv_offsets.to(torch.int64),
+    return hstu_triton().triton_cached_hstu_mha(round(1.0 / out_scale), scale, q, k, v, kv_offsets.to(torch.int64),
                                   num_targets=targets, max_attn_len=max(left, 0), contextual_seq_len=contextual_len)
 
 

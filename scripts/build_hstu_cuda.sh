@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # usage: scripts/build_hstu_cuda.sh sources GR_GIT_DIR CUTLASS_GIT_DIR   (any machine: copies the sources)
 #        scripts/build_hstu_cuda.sh objects [JOBS]                       (any machine with nvcc >= 12.3: ~10 min a file)
-#        scripts/build_hstu_cuda.sh link                                 (the GPU machine: torch headers, ~1 min)
+#        scripts/build_hstu_cuda.sh link                                 (the GPU machine: torch headers, ~2 min)
 # HSTU's CUDA attention kernel (meta-recsys/generative-recommenders ops/cpp/hstu_attention, FA3-based, sm_90a) as a
 # benchmark peer: never a dependency, never committed; everything goes to .peers/hstu_cuda (git-ignored).
 # Its setup.py is stale (it lists files that no longer exist), so this builds what head dim 128 in bf16 needs: the
@@ -46,8 +46,9 @@ case "${1:-}" in
     # the ATen CUDA headers want cusparse.h etc.: the toolkit's, and the pip nvidia-* packages' where torch has them
     extra=$($py -c "import glob, os, site; print(' '.join('-I' + d for p in site.getsitepackages() for d in glob.glob(os.path.join(p, 'nvidia', '*', 'include'))))")
     for f in flash_api flash_common flash_api_cpu flash_common_cpu; do
-      std=c++17; [ $f = flash_api_cpu ] && std=c++20  # (g++: nvcc rejects flash_api_cpu's default arguments)
-      [ -s obj/$f.o ] || g++ -c $src/$f.cpp -o obj/$f.o -O3 -std=$std -fPIC -D_GLIBCXX_USE_CXX11_ABI=$abi \
+      # C++20: flash_api calls get<0>(tuple) unqualified (ADL for explicit template arguments is C++20's) and
+      # flash_api_cpu has default arguments nvcc rejects (hence g++)
+      [ -s obj/$f.o ] || g++ -c $src/$f.cpp -o obj/$f.o -O3 -std=c++20 -fPIC -D_GLIBCXX_USE_CXX11_ABI=$abi \
         -DTORCH_EXTENSION_NAME=hstu_C -DTORCH_API_INCLUDE_EXTENSION_H $features -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED \
         $inc -I"$pyinc" -I"$cuda/include" $extra -I"$(dirname $src)" -Icutlass/include
     done
