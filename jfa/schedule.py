@@ -48,6 +48,7 @@ class ScheduleSpec:
     targets: bool = False  # HSTU's mask (jfa.jagged.target_mask): the costs take the sequences' targets
     key_tiles: bool = False  # the tiles are key tiles (the kv offsets'), costed by the queries that see them
     last_rows: bool = False  # HSTU's mask in cross-attention (jfa.problem.Problem.last_rows)
+    kv_range: tuple = (0, UNBOUNDED)  # a length class: only the sequences whose key count lies in [lo, hi)
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,10 @@ def _offsets_changed(q_offsets, kv_offsets, seen, batch, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _record_offsets(q_offsets, kv_offsets, seen, tile_ends, batch, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
-    """seen = the live offsets; tile_ends[b] = tiles of sequences 0..b (cumulative)."""
+def _record_offsets(q_offsets, kv_offsets, keys, kv_range, seen, tile_ends, batch, BLOCK_M: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """seen = the live offsets; tile_ends[b] = tiles of sequences 0..b (cumulative), none for a sequence whose key
+    count (keys: the kv offsets) lies outside kv_range."""
     carry = 0
     for i in range(0, batch + 1, BLOCK):
         o = i + tl.arange(0, BLOCK)
@@ -125,9 +128,11 @@ def _record_offsets(q_offsets, kv_offsets, seen, tile_ends, batch, BLOCK_M: tl.c
         tl.store(seen + batch + 1 + o, tl.load(kv_offsets + o, mask=m, other=0).to(tl.int64), mask=m)
         has = o < batch
         q_len = tl.load(q_offsets + o + 1, mask=has, other=0).to(tl.int32) - q.to(tl.int32)
+        n_keys = (tl.load(keys + o + 1, mask=has, other=0) - tl.load(keys + o, mask=has, other=0)).to(tl.int32)
+        has = has & (n_keys >= kv_range[0]) & (n_keys < kv_range[1])
         ends = tl.cumsum(tl.where(has, tl.cdiv(q_len, BLOCK_M), 0), 0) + carry
-        tl.store(tile_ends + o, ends, mask=has)
-        carry = tl.max(tl.where(has, ends, 0), 0)
+        tl.store(tile_ends + o, ends, mask=o < batch)
+        carry = tl.max(tl.where(o < batch, ends, 0), 0)
 
 
 @triton.jit
@@ -153,11 +158,13 @@ def _walk_cost(tile, seq_id, lens, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr, KEY_TILES: tl.constexpr = False):
+def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, kv_range, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr,
+                   KEY_TILES: tl.constexpr = False):
     """One CTA: if the offsets changed since the last build, rebuild the schedule (see module doc). offsets = (q,
     kv), the tiled side's the kv offsets where KEY_TILES; seen, scratch: Schedule's; sched = (tiles, tile_cost, order,
-    sm_start), written; sizes = (batch, capacity, heads, ctas, buckets, window); mask: the kernels' mask group.
+    sm_start), written; sizes = (batch, capacity, heads, ctas, buckets, window); mask: the kernels' mask group;
+    kv_range = (lo, hi): the sequences of other key counts get no tiles (ScheduleSpec.kv_range).
 
     Two counting sorts. The first: a tile's key is its sequence's heaviest tile cost (atomic max), its bucket key + 1
     (0 for spare capacity), a histogram, its suffix sums (heavier buckets first), then each tile takes the next rank
@@ -180,7 +187,7 @@ def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, BLOCK_M: tl.const
         cursor2 = hist2 + windows
         top = cursor2 + windows
         full_rounds = capacity * heads // ctas  # complete rounds of the deal
-        _record_offsets(tiled, other, seen, tile_ends, batch, BLOCK_M, BLOCK)
+        _record_offsets(tiled, other, offsets[1], kv_range, seen, tile_ends, batch, BLOCK_M, BLOCK)
         _fill(hist, buckets, BLOCK)
         _fill(hist2, windows, BLOCK)
         _fill(seq_key, batch, BLOCK)
@@ -339,7 +346,8 @@ def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, other_ro
             (q_offsets, kv_offsets), sched.seen, sched.scratch, (sched.tiles, sched.tile_cost, sched.order,
                                                                  sched.sm_start),
             (batch, cap, spec.heads, spec.ctas, _buckets(spec, other_rows), window_tiles(spec)),
-            mask_group(num_targets if spec.targets else None, spec.mask, spec.last_rows), BLOCK_M=spec.block_m,
+            mask_group(num_targets if spec.targets else None, spec.mask, spec.last_rows), spec.kv_range,
+            BLOCK_M=spec.block_m,
             BLOCK_N=spec.block_n,
             SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK, KEY_TILES=spec.key_tiles,
             num_warps=REFRESH_BLOCK // 256)

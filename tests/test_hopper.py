@@ -175,6 +175,23 @@ def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d):
         assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
+def test_hopper_by_length_class(d, activation):
+    """A mixed batch (short mean, a long sequence allowed by max_kv_len: jfa.hopper.config.fwd_classes and
+    bwd_classes): the forward's and the backward's kernels once a class, each over its class's sequences, together
+    every row and key; against the reference."""
+    lens = [0, 1, 63, 65, 129, 40, 5, 17, 33, 100, 2, 70, 9, 1, 64, 900]  # mean 94, one past SHORT_KV
+    case = make_case(lens, hq=4, hkv=2, d=d, dtype=torch.bfloat16, device="cuda", causal=True, seed=d,
+                     activation=activation)
+    p = case_problem(case, "hopper", max_lens=True)
+    assert len(config.fwd_classes(p)) == 2 and len(config.bwd_classes(p)) == 2
+    torch.full((1 << 24, ), float("nan"), device="cuda")  # (a row no launch wrote cannot pass as zeros)
+    out, lse, grads = run_backend(case, "hopper", max_lens=True)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 def test_hopper_backward_is_deterministic():
     """deterministic=True: same inputs, same bits, run to run. GQA and broadcast are the cases where a reduction
     could reorder (dK/dV over a GQA group, dQ over the batch); "short" is a batch of at most 128 keys per sequence,

@@ -2,6 +2,8 @@
 table, each tile's cost and the zigzag deal (sequences together, heaviest first in windows) against a brute-force
 spec written from the visibility rule; the load balance on the suite's skewed workloads; and reuse that stays
 correct whatever rewrote the offsets in place (#16)."""
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -308,3 +310,52 @@ def test_target_schedule_matches_the_spec(name, key_tiles):
     spec = ScheduleSpec(tiles, 2, 32, 16, 5, (left, right, context), targets=True, key_tiles=key_tiles,
                         last_rows=q_lens is not lens)
     check_against_spec(schedule.build(qo, ko, spec, other, nt), q_lens, lens, spec, targets)
+
+
+@pytest.mark.parametrize("key_tiles", [False, True])
+def test_length_classes_split_the_items(key_tiles):
+    """ScheduleSpec.kv_range: a schedule holds exactly the tiles of the sequences whose key count lies in its range,
+    each item once, and two classes that cover every length hold every item of the whole schedule between them."""
+    q_lens, kv_lens = [5, 300, 0, 70, 129, 1, 900], [9, 300, 4, 70, 800, 1, 1000]
+    qo, ko = offsets_of(q_lens), offsets_of(kv_lens)
+    tiled, other = (ko, qo) if key_tiles else (qo, ko)
+    base = ScheduleSpec(int(tiled[-1]), 2, 64, 32, 3, (*resolve_window(True, (-1, -1)), 0), key_tiles=key_tiles)
+    rows = int(qo[-1]) if key_tiles else int(ko[-1])
+
+    def items(spec):
+        s = schedule.build(qo, ko, spec, rows)
+        tiles = [(int(b), int(t)) for b, t in zip(*s.tiles.tolist())]
+        got = [(tiles[i // spec.heads], i % spec.heads) for i in s.order.tolist() if i >= 0]
+        assert len(got) == len(set(got))
+        return got
+
+    whole = items(base)
+    short = items(dataclasses.replace(base, kv_range=(0, 129)))
+    long = items(dataclasses.replace(base, kv_range=(129, 1 << 30)))
+    assert {b for (b, _), _ in short} == {b for b, n in enumerate(kv_lens) if n < 129 and (key_tiles and n or
+                                                                                          not key_tiles and q_lens[b])}
+    assert all(kv_lens[b] >= 129 for (b, _), _ in long)
+    assert sorted(short + long) == sorted(whole)
+
+
+def test_length_classes_follow_the_hint():
+    """jfa.hopper.config.fwd_classes, bwd_classes: one launch by the mean key length, unless the mean is short and
+    max_kv_len allows a long sequence: then the short form over at most SHORT_KV keys and the long form over the
+    rest."""
+    from jfa.api import problem
+    from jfa.hopper.config import SHORT_KV, fwd_classes, select_fwd
+    lens = [40] * 63 + [4096]
+    q = torch.zeros(sum(lens), 2, 128, dtype=torch.bfloat16)
+    off = offsets_of(lens)
+    one = fwd_classes(problem(q, q, q, off, causal=True, backend="reference"))
+    assert len(one) == 1 and one[0][1] == (0, 1 << 30)
+    hinted = fwd_classes(problem(q, q, q, off, causal=True, max_q_len=4096, max_kv_len=4096, backend="reference"))
+    assert [r for _, r in hinted] == [(0, SHORT_KV + 1), (SHORT_KV + 1, 1 << 30)]
+    assert hinted[0][0] == one[0][0] and hinted[1][0] == select_fwd(128)
+    from jfa.hopper.config import DqRoute, bwd_classes
+    plans = bwd_classes(problem(q, q, q, off, causal=True, max_q_len=4096, max_kv_len=4096, backend="reference"))
+    assert [r for _, r in plans] == [(0, SHORT_KV + 1), (SHORT_KV + 1, 1 << 30)]
+    assert plans[0][0].dkdv.dq == DqRoute.DIRECT and plans[1][0].dkdv.dq == DqRoute.REDUCE
+    long_mean = fwd_classes(problem(q[:4096], q[:4096], q[:4096], offsets_of([4096]), causal=True, max_q_len=4096,
+                                    max_kv_len=4096, backend="reference"))
+    assert len(long_mean) == 1

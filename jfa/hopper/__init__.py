@@ -11,7 +11,7 @@ import torch
 from ..bwd_common import delta, scaled_rows, sum_broadcast_dq
 from ..problem import Problem
 from ..runtime import num_sms
-from .config import BwdPlan, DqRoute, FwdConfig, select_bwd
+from .config import BwdPlan, DqRoute, FwdConfig, bwd_classes
 
 HEAD_DIMS = (64, 128)
 
@@ -23,7 +23,8 @@ def supports(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
 
 
 def forward(p: Problem, cfg: FwdConfig | None = None):
-    """-> (out [rows, Hq, D], lse [Hq, rows] float32), in config cfg (jfa.hopper.config.fwd_config's by default)."""
+    """-> (out [rows, Hq, D], lse [Hq, rows] float32), in config cfg, else one launch a key-length class
+    (jfa.hopper.config.fwd_classes)."""
     from .fwd import forward
     return forward(p, cfg)
 
@@ -44,13 +45,17 @@ def row_stats(p: Problem, out, lse, dout, dlse):
 
 
 def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
-    """-> (dq, dk, dv) as jfa.triton.launch.backward, by plan (jfa.hopper.config.select_bwd's by default): Delta,
-    the dK/dV kernel with dQ by plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode one slab of Lq
-    rows per CTA, summed afterwards), then the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with
-    atomics: the same bits run to run."""
+    """-> (dq, dk, dv) as jfa.triton.launch.backward, by plan, else by key-length class (jfa.hopper.config.
+    bwd_classes: one plan, or a mixed batch's two, _backward_by_class): Delta, the dK/dV kernel with dQ by
+    plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode one slab of Lq rows per CTA, summed
+    afterwards), then the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with atomics: the same bits
+    run to run."""
     from .bwd import dkdv
     from .bwd_dq import dq_pass
-    plan = plan or select_bwd(p)
+    classes = bwd_classes(p) if plan is None else [(plan, None)]
+    if len(classes) > 1:
+        return _backward_by_class(p, out, lse, dout, dlse, classes)
+    plan = classes[0][0]
     q, k = p.q, p.k
     batch, rows = p.batch, p.rows
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -73,6 +78,33 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     if plan.dq is not None:
         dq_pass(p, dout, lse, d, dq, plan.dq, plan.skip_kv)
     return sum_broadcast_dq(dq, q, batch, p.broadcast), dk, dv
+
+
+def _backward_by_class(p: Problem, out, lse, dout, dlse, classes):
+    """A mixed batch's backward (not broadcast): each class's plan over its sequences (their key tiles and query
+    tiles only), dQ into one zeroed buffer of q's dtype; a class that reduce-adds dQ does it into a zeroed float32
+    buffer added in afterwards (its rows are the other class's zeros there, and the other class's rows are zeros in
+    it: the sum is each row's own dQ)."""
+    from .bwd import dkdv
+    from .bwd_dq import dq_pass
+    q, k = p.q, p.k
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(p.v, memory_format=torch.contiguous_format)
+    dq = torch.zeros(p.rows, p.heads, p.head_dim, device=q.device, dtype=q.dtype)
+    if k.shape[0] == 0 or p.rows == 0:
+        return dq, dk.zero_(), dv.zero_()
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    dout, d = row_stats(p, out, lse, dout, dlse)
+    for plan, kv_range in classes:
+        if plan.dkdv.dq == DqRoute.REDUCE:
+            acc = torch.zeros(dq.shape, device=q.device, dtype=torch.float32)
+            dkdv(p, dout, lse, d, dk, dv, plan.dkdv, acc, kv_range)
+            dq.add_(acc)
+        else:
+            dkdv(p, dout, lse, d, dk, dv, plan.dkdv, dq, kv_range)
+        if plan.dq is not None:
+            dq_pass(p, dout, lse, d, dq, plan.dq, plan.skip_kv, kv_range)
+    return dq, dk, dv
 
 
 __all__ = ["supports", "forward", "backward", "row_stats", "HEAD_DIMS"]

@@ -24,11 +24,14 @@ the tile (jfa.hopper.config.key_tile_schedule). Partitions:
             per warpgroup).
   writer    1 warp, one pass only: the dQ chunks' TMA reduce-adds (jfa.hopper.dq_reduce).
 """
+import dataclasses
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .. import variants
 from ..geometry import full_query_blocks
+from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
@@ -226,14 +229,15 @@ def kernel_args(p: Problem, descs, grads: tuple, lse, delta, sched) -> tuple:
             sched.kernel_args(), score_args(p), p.mask_args())
 
 
-def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None):
+def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_range=(0, UNBOUNDED)):
     """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and dQ by cfg.dq: DqRoute.REDUCE, added into dq
     (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode one slab of Lq rows per CTA (num_sms
-    of them); DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile."""
+    of them); DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile. Only the
+    sequences whose key count lies in kv_range (a length class: jfa.hopper.config.bwd_classes)."""
     check_posted(cfg, p)
     q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
-    spec = key_tile_schedule(p, cfg, sms)
+    spec = dataclasses.replace(key_tile_schedule(p, cfg, sms), kv_range=kv_range)
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, dout.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
     dq_out = dq if cfg.dq == DqRoute.DIRECT else dk  # (dk stands in, unused)

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..schedule import ScheduleSpec
 
@@ -171,9 +172,42 @@ def select_bwd(p: Problem) -> BwdPlan:
     return BwdPlan(dkdv, None if direct_only else select_dq(p.head_dim), skip_kv)
 
 
+def _mixed(p: Problem) -> bool:
+    """A mixed batch (fwd_classes): the mean key length within SHORT_TILE_KV (where the short forms are farthest
+    from the long ones), the caller's max_kv_len past SHORT_KV. (Means up to SHORT_KV with longer sequences, as
+    self-uniform-1k, gdpa-self and pma-256 are, keep one form until the split is timed there.)"""
+    return p.max_kv_len is not None and p.max_kv_len > SHORT_KV and p.k.shape[0] / max(p.batch, 1) <= SHORT_TILE_KV
+
+
+def bwd_classes(p: Problem) -> list:
+    """[(plan, kv_range)]: the backward's kernels by key-length class, as fwd_classes: one plan (select_bwd's), or
+    for a mixed batch (not broadcast) the mean's plan over the sequences of at most SHORT_KV keys and the long
+    plan (the one pass, or two passes where deterministic) over the rest."""
+    plan = select_bwd(p)
+    if not _mixed(p) or p.broadcast:
+        return [(plan, (0, UNBOUNDED))]
+    route = dq_route(p.head_dim, False, float("inf"), p.deterministic)
+    dkdv = for_problem(select_dkdv(p.head_dim, route), p)
+    long = BwdPlan(dkdv, None) if route == DqRoute.REDUCE else BwdPlan(dkdv, select_dq(p.head_dim))
+    return [(plan, (0, SHORT_KV + 1)), (long, (SHORT_KV + 1, UNBOUNDED))]
+
+
 def fwd_config(p: Problem) -> FwdConfig:
     """select_fwd's for the problem's shape."""
     return for_problem(select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1)), p)
+
+
+def fwd_classes(p: Problem) -> list:
+    """[(config, kv_range)]: the forward's launches by key-length class. One, fwd_config's for the whole batch; or
+    where the batch's mean key length is short but the caller's max_kv_len lets a sequence pass SHORT_KV (a mixed
+    batch, _mixed: a long history among short ones, whose pairs are nearly all the long one's), two: the mean's form
+    over the sequences of at most SHORT_KV keys and the long form over the rest, split on the device by their
+    schedules (ScheduleSpec.kv_range: no host sync). Where max_kv_len is a loose bound and no sequence is long, the
+    second launch finds no items."""
+    cfg = fwd_config(p)
+    if _mixed(p):
+        return [(cfg, (0, SHORT_KV + 1)), (for_problem(select_fwd(p.head_dim), p), (SHORT_KV + 1, UNBOUNDED))]
+    return [(cfg, (0, UNBOUNDED))]
 
 
 def for_problem(cfg, p: Problem):

@@ -18,6 +18,8 @@ tiles, two CTAs per SM) suits D=64 (jfa.hopper.config). A block that runs past i
 sequence's rows (the key mask hides them; stores skip query rows past the end); a consumer whose rows all lie
 past the end skips the math and only releases the buffers.
 """
+import dataclasses
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -27,13 +29,14 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 from .. import variants
 from ..bwd_common import scaled_rows
 from ..geometry import key_blocks, visible
+from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import num_sms
 from ..schedule import CACHE
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring
 from .common import WG_ROWS, Batch, Rows, Shape, aggregate, aligned, mma_layout, rows, store_rows, tma_descriptor
-from .config import FwdConfig, check_posted, fwd_config, query_tile_schedule
+from .config import FwdConfig, check_posted, fwd_classes, query_tile_schedule
 from .items import WorkList
 
 
@@ -302,13 +305,14 @@ def kernel_args(p: Problem, descs, out, lse, sched) -> tuple:
 
 
 def forward(p: Problem, cfg: FwdConfig | None = None):
-    """-> (out, lse) as jfa.triton.launch.forward; cfg: fwd_config(p)'s by default. Needs an sm_90 device,
-    bf16/fp16, D in (64, 128)."""
-    cfg = cfg or fwd_config(p)
-    check_posted(cfg, p)
-    if p.paged and p.page_size % cfg.block_n:
-        raise ValueError(f"paged k/v: page_size {p.page_size} is not a multiple of the forward's key block "
-                         f"{cfg.block_n}")
+    """-> (out, lse) as jfa.triton.launch.forward; cfg: one launch in it, else fwd_classes(p)'s (one launch a
+    key-length class). Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
+    classes = fwd_classes(p) if cfg is None else [(cfg, (0, UNBOUNDED))]
+    for c, _ in classes:
+        check_posted(c, p)
+        if p.paged and p.page_size % c.block_n:
+            raise ValueError(f"paged k/v: page_size {p.page_size} is not a multiple of the forward's key block "
+                             f"{c.block_n}")
     q, k, v = p.q, p.k, p.v
     out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.heads, p.lse_rows, dtype=torch.float32, device=q.device)
@@ -316,10 +320,11 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
         return out, lse
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
-    ctas = num_sms(q.device) * cfg.ctas_per_sm
-    spec = query_tile_schedule(p, p.rows, cfg.block_m, ctas)
-    sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, p.key_rows_bound(), p.num_targets)
     q, k, v = aligned(q, k, v)
-    hopper_fwd_kernel[(ctas, )](*kernel_args(p, descriptors(q, k, v, cfg), out, lse, sched), **constexprs(cfg, p),
-                                num_warps=4, **cfg.launch_options())
+    for cfg, kv_range in classes:  # (each class writes its sequences' rows)
+        ctas = num_sms(q.device) * cfg.ctas_per_sm
+        spec = dataclasses.replace(query_tile_schedule(p, p.rows, cfg.block_m, ctas), kv_range=kv_range)
+        sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, p.key_rows_bound(), p.num_targets)
+        hopper_fwd_kernel[(ctas, )](*kernel_args(p, descriptors(q, k, v, cfg), out, lse, sched),
+                                    **constexprs(cfg, p), num_warps=4, **cfg.launch_options())
     return scaled_rows(out, p), lse  # (a per-row out scale: times the output afterwards)
