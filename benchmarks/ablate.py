@@ -1,14 +1,17 @@
-"""Ablations of the Hopper one-pass backward (jfa.hopper.bwd with DqRoute.REDUCE): the same kernel with one part
-removed, each in a throwaway copy of jfa, timed with benchmarks/passes.py's "one pass" and, with --ncu, profiled
+"""Ablations of the Hopper dK/dV kernel (jfa.hopper.bwd; by default its one pass, DqRoute.REDUCE): the same kernel
+with one part removed, each in a throwaway copy of jfa, timed with benchmarks/passes.py's "one pass" (or --part:
+"dkdv+direct dq" for the DIRECT route that short key sets take, "backward (default)") and, with --ncu, profiled
 (tensor-pipe and issue activity, the top stall lines by scripts/ncu_lines.py). What the time falls by when a part
 is gone bounds what a lever on that part can pay: run this before building one (docs/perf-notes.md keeps the
 table). An ablated kernel computes wrong gradients by design; only its time counts.
 
     python benchmarks/ablate.py --check [--ablations NAME,...]                 (any machine: compiles for sm_90)
-    python benchmarks/ablate.py [--only WORKLOADS] [--ablations NAME,...] [--rounds 3] [--ncu] [--out DIR]
+    python benchmarks/ablate.py [--only WORKLOADS] [--part PART] [--ablations NAME,...] [--rounds 3] [--ncu]
+                                [--out DIR]
     python benchmarks/ablate.py --list
 
---check builds every copy and compiles its D=128 one pass for sm_90 on the CPU (wgmma count, registers, spills),
+--check builds every copy and compiles its D=128 one pass and DIRECT form for sm_90 on the CPU (wgmma count,
+registers, spills),
 so a stale edit or a form that does not compile costs no device time. On the GPU the copies compile in parallel,
 then the rounds time main and every ablation in turn (compare within one run only); --ncu adds one profiled
 launch of each. Output: a table on stdout; with --ncu, the reports and their summaries under --out ($OUT if set).
@@ -47,6 +50,10 @@ ABLATIONS = {
          "        stage.free_ds(it)"),
         ("hopper/bwd_block.py", "        if it % 2 == WG:\n", "        if False:\n"),
         _NO_WRITER]),
+    "no direct dQ": ("DqRoute.DIRECT's dQ (short key sets: --part 'dkdv+direct dq'): the chunks' MMAs, the wait for "
+                     "the other consumer's dS^T, the stores", [
+        ("hopper/bwd_block.py", "        if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):\n",
+         "        if False:\n")]),
     "no dS wait": ("the consumers' waits on each other's dS^T: before the dQ MMA (for the other's) and before the next "
                    "block's (for its release); dQ reads whatever is there", [
         ("hopper/dq_reduce.py", "    stage.wait_ds(it)\n", ""),
@@ -84,7 +91,6 @@ ABLATIONS = {
 }
 
 DEFAULT_WORKLOADS = "self-skewed-8k,causal-skewed-4k"  # D=128, where jfa's backward trails FA4
-_TIME = re.compile(r"^(\S+)\s+one pass ([\d.]+) ms(?: (\d+) TF/s)?")
 # ncu's details lines worth a table column, and its raw metrics for the tensor pipe and issue slots
 _DETAILS = re.compile(r"Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|"
                       r"Warp Cycles Per Issued Instruction|Registers Per Thread|DRAM Throughput")
@@ -125,8 +131,10 @@ _CHECK = """
 import torch
 from jfa.hopper.aot import compile_dkdv
 from jfa.hopper.config import DqRoute, select_dkdv
-r = compile_dkdv(128, torch.bfloat16, cfg=select_dkdv(128, DqRoute.REDUCE))
-print(f"wgmma {r.wgmma}, regs {r.registers}, spill {r.spill_bytes} B")
+for route in (DqRoute.REDUCE, DqRoute.DIRECT):
+    r = compile_dkdv(128, torch.bfloat16, cfg=select_dkdv(128, route))
+    print(f"{route.name}: wgmma {r.wgmma}, regs {r.registers}, spill {r.spill_bytes} B", end="; ")
+print()
 """
 
 
@@ -144,22 +152,25 @@ def check(dirs: dict) -> int:
     return 1 if failed else 0
 
 
-def _passes(only: str, *extra) -> list:
-    return [sys.executable, str(ROOT / "benchmarks" / "passes.py"), "--only", only, "--parts", "one pass", *extra]
+def _passes(only: str, part: str, *extra) -> list:
+    return [sys.executable, str(ROOT / "benchmarks" / "passes.py"), "--only", only, "--parts", part, *extra]
 
 
-def time_rounds(dirs: dict, only: str, rounds: int, rep_ms: int) -> dict:
-    """(ablation, workload) -> [ms per round]. Every copy is compiled first, in parallel (one call each)."""
+def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> dict:
+    """(ablation, workload) -> [ms per round] of passes.py's part. Every copy is compiled first, in parallel (one
+    call each)."""
+    line = re.compile(r"^(\S+)\s+" + re.escape(part) + r" ([\d.]+) ms")
     with ThreadPoolExecutor(len(dirs)) as pool:
-        warm = dict(zip(dirs, pool.map(lambda d: _run(_passes(only, "--calls", "1"), d, 500), dirs.values())))
+        warm = dict(zip(dirs, pool.map(lambda d: _run(_passes(only, part, "--calls", "1"), d, 500),
+                                       dirs.values())))
     times = {}
     for r in range(rounds):
         for name, d in dirs.items():
             if warm[name].returncode != 0:
                 continue
-            out = _run(_passes(only, "--rep-ms", str(rep_ms)), d, 300)
-            for line in out.stdout.splitlines():
-                m = _TIME.match(line)
+            out = _run(_passes(only, part, "--rep-ms", str(rep_ms)), d, 300)
+            for text in out.stdout.splitlines():
+                m = line.match(text)
                 if m:
                     times.setdefault((name, m.group(1)), []).append(float(m.group(2)))
             if out.returncode != 0:
@@ -187,8 +198,8 @@ def table(times: dict, names, workloads) -> str:
     return "\n".join(lines)
 
 
-def profile(dirs: dict, workloads, out: Path) -> None:
-    """One ncu launch (the second one-pass call) per ablation and workload: its details, the tensor-pipe and
+def profile(dirs: dict, workloads, part: str, out: Path) -> None:
+    """One ncu launch (the part's second dK/dV kernel) per ablation and workload: its details, the tensor-pipe and
     issue metrics, and the top stall lines, summarized into out/ablate-ncu.txt."""
     summary = []
     for name, d in dirs.items():
@@ -197,7 +208,7 @@ def profile(dirs: dict, workloads, out: Path) -> None:
             rep = out / f"ablate-{tag}"
             r = _run(["ncu", "--set", "full", "--import-source", "no", "--clock-control", "none", "--kernel-name",
                       "regex:hopper_dkdv", "--launch-skip", "1", "--launch-count", "1", "-f", "-o", str(rep),
-                      *_passes(w, "--calls", "2")], d, 400)
+                      *_passes(w, part, "--calls", "2")], d, 400)
             summary.append(f"== {name} / {w} (ncu rc {r.returncode})")
             if r.returncode != 0:
                 summary.append(r.stderr.strip()[-600:])
@@ -222,6 +233,7 @@ def profile(dirs: dict, workloads, out: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=DEFAULT_WORKLOADS, help="comma-separated D=128 suite workloads")
+    p.add_argument("--part", default="one pass", help="passes.py's part to time (default: one pass)")
     p.add_argument("--ablations", help="comma-separated names (default: all; main is always run)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rep-ms", type=int, default=100)
@@ -244,11 +256,12 @@ def main(argv=None) -> int:
         if args.check:
             return check(dirs)
         workloads = args.only.split(",")
-        print(table(time_rounds(dirs, args.only, args.rounds, args.rep_ms), names, workloads), flush=True)
+        print(table(time_rounds(dirs, args.only, args.part, args.rounds, args.rep_ms), names, workloads),
+              flush=True)
         if args.ncu:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
-            profile(dirs, workloads, out)
+            profile(dirs, workloads, args.part, out)
     return 0
 
 
