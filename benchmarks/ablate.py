@@ -94,7 +94,7 @@ DEFAULT_WORKLOADS = "self-skewed-8k,causal-skewed-4k"  # D=128, where jfa's back
 # ncu's details lines worth a table column, and its raw metrics for the tensor pipe and issue slots
 _DETAILS = re.compile(r"Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|"
                       r"Warp Cycles Per Issued Instruction|Registers Per Thread|DRAM Throughput")
-_RAW = re.compile(r"pipe_tensor.*pct|issue_active.*pct|inst_issued.*pct")
+_RAW = re.compile(r"pipe_tensor.*pct|issue_active.*pct|inst_issued.*pct|data_bank_conflicts_pipe_lsu_mem_shared")
 
 
 def apply(src: Path, edits) -> None:
