@@ -10,11 +10,14 @@ imported when called.
   hstu_attention     HSTU's Triton kernel (meta-recsys/generative-recommenders, when importable: scripts/carry_hstu.sh)
                      for silu attention, causal, with a 1 / N out scale
   hstu_cuda_attention  HSTU's CUDA kernel (FA3-based, sm_90a; built by scripts/build_hstu_cuda.sh), the same terms
+  gdpa_attention     GDPA's Triton kernel (ads_model_kernel_library, when importable: scripts/carry_gdpa.sh) for
+                     activation attention without a causal mask
   broadcast_of(f)    broadcast q for a kernel that has no such mode: q repeated per sequence (timed with it)
 """
 from __future__ import annotations
 
 import functools
+import os
 import inspect
 from pathlib import Path
 
@@ -285,6 +288,67 @@ def hstu_cached_attention(q, k, v, q_offsets, kv_offsets, *, max_q_len=None, max
     targets = None if num_targets is None else num_targets.to(torch.int64)
     return hstu_triton().triton_cached_hstu_mha(round(1.0 / out_scale), scale, q, k, v, kv_offsets.to(torch.int64),
                                   num_targets=targets, max_attn_len=max(left, 0), contextual_seq_len=contextual_len)
+
+
+# jfa's score functions by GDPA's names (gdpa/triton/math.py's Activation; "raw" is the identity)
+GDPA_ACTIVATIONS = {"identity": "raw", "gelu": "gelu", "gelu_tanh": "gelu_approx", "relu": "relu",
+                    "relu2": "relu_square", "silu": "silu"}
+
+
+def gdpa_available() -> str | None:
+    """None, or why GDPA's Triton kernel cannot be imported here (scripts/carry_gdpa.sh puts it in .peers/)."""
+    try:
+        _gdpa_module()
+    except Exception as e:  # ImportError, no CUDA (its import reads the device), an incompatible triton
+        return f"{type(e).__name__}: {str(e)[:120]} (scripts/carry_gdpa.sh)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _gdpa_module():
+    # its own cut of the autotune lists (8 forward, 3 backward configs), read when the module is imported
+    os.environ.setdefault("GDPA_AUTOTUNE_CONFIG_SET", "omnifm_v2")
+    import ads_mkl.ops.oss.gdpa.triton.triton_generalized_dot_product_attention as module
+    return module
+
+
+def gdpa_refusal(activation, window, out_scale) -> str | None:
+    """None, or why GDPA's kernel cannot compute this: an activation (not softmax) it has, no causal mask, a window
+    only if symmetric (|i - j| <= W), one output scale for every row."""
+    if activation not in GDPA_ACTIVATIONS:
+        return f"GDPA's kernel has no {activation} (it takes {', '.join(GDPA_ACTIVATIONS)})"
+    left, right = window
+    if left != right:
+        return "GDPA's kernel takes no causal mask, and only symmetric windows"
+    if isinstance(out_scale, torch.Tensor):
+        return "GDPA's kernel takes one output scale, not one a row"
+    return None
+
+
+def gdpa_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                   window=(-1, -1), scale=None, activation="silu", out_scale=1.0, broadcast=False, persistent=False):
+    """GDPA's Triton kernel (generalized_dot_product_attention, its own autograd): f(scale q k^T) v times out_scale.
+    It takes no pre-activation scale (its users fold 1/sqrt(D) into a projection): the scale multiplies the
+    smaller of q and k here, a pass timed with the call. broadcast: q [Lq, H, D] against every sequence (its
+    broadcast_q), out [B * Lq, H, D]; persistent: its persistent forward."""
+    left, right = causal_window(causal, window)
+    refusal = gdpa_refusal(activation, (left, right), out_scale)
+    if refusal:
+        raise ValueError(refusal)
+    kv_offsets = q_offsets if kv_offsets is None else kv_offsets
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if scale != 1.0:
+        if q.shape[0] <= k.shape[0]:
+            q = q * scale
+        else:
+            k = k * scale
+    if broadcast:
+        q_offsets = torch.tensor([0, q.shape[0]], device=q.device, dtype=kv_offsets.dtype)
+    return _gdpa_module().generalized_dot_product_attention(
+        q, k, v, q_offsets, kv_offsets, q.shape[0] if broadcast else _max_len(q_offsets, max_q_len),
+        _max_len(kv_offsets, max_kv_len), qk_scale=out_scale, window_size=None if left < 0 else left,
+        broadcast_q=broadcast, activation=GDPA_ACTIVATIONS[activation], enable_persistent=persistent,
+        enable_tma=False)
 
 
 def broadcast_rows(q, kv_offsets):

@@ -454,6 +454,20 @@ def test_hstu_peer_refuses_what_its_kernel_cannot_compute():
         assert "causal silu self-attention" in hstu_refusal(*args, 10)
 
 
+def test_gdpa_peer_takes_the_activations_it_has_without_a_causal_mask():
+    from jfa.peers import GDPA_ACTIVATIONS, gdpa_refusal
+    from jfa.reference import ACTIVATIONS
+    assert set(GDPA_ACTIVATIONS) <= set(ACTIVATIONS)  # (jfa's names for GDPA's Activation values)
+    for activation in GDPA_ACTIVATIONS:
+        assert gdpa_refusal(activation, (-1, -1), 1.0) is None
+        assert gdpa_refusal(activation, (64, 64), 0.5) is None  # its window: |i - j| <= W
+    assert "no softmax" in gdpa_refusal("softmax", (-1, -1), 1.0)
+    assert "no sigmoid" in gdpa_refusal("sigmoid", (-1, -1), 1.0)
+    for window in ((-1, 0), (128, 0), (64, 32)):
+        assert "no causal mask" in gdpa_refusal("silu", window, 1.0)
+    assert "one output scale" in gdpa_refusal("silu", (-1, -1), torch.ones(3))
+
+
 def test_bench_list_names_every_workload_and_provider_with_what_each_needs(capsys):
     """`jfa bench --list`: the HSTU/GDPA workloads with their score and mask, the providers with what they need."""
     from jfa.bench import main
@@ -467,6 +481,7 @@ def test_bench_list_names_every_workload_and_provider_with_what_each_needs(capsy
     hstu = next(x for x in text.splitlines() if x.strip().startswith("hstu "))
     assert "scripts/carry_hstu.sh" in hstu
     assert "scripts/fetch_fa4.sh" in next(x for x in text.splitlines() if x.strip().startswith("fa4 "))
+    assert "scripts/carry_gdpa.sh" in next(x for x in text.splitlines() if x.strip().startswith("gdpa "))
 
 
 def test_bench_wrong_name_is_one_line_naming_the_choices(capsys):

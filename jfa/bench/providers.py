@@ -466,10 +466,40 @@ class HSTUCached(Provider):
         return fn, {"note": "forward only (serving)"}
 
 
+class Gdpa(Provider):
+    """GDPA's Triton kernel (facebookresearch/ads_model_kernel_library gdpa/triton), as its users call it
+    (generalized_dot_product_attention; its omnifm_v2 autotune set)."""
+    name = "gdpa"
+    needs = "ads_mkl's gdpa on the path (scripts/carry_gdpa.sh); activation attention without a causal mask"
+    persistent = False
+
+    def skip_reason(self, inp):
+        w = inp.workload
+        return (peers.gdpa_refusal(w.activation, inp.window, w.out_scale) or peers.gdpa_available()
+                or _peer_checks(inp, windows_only=True))
+
+    def build(self, inp):
+        w = inp.workload
+
+        def fn():
+            return peers.gdpa_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, max_q_len=inp.max_q,
+                                        max_kv_len=inp.max_kv, window=inp.window, scale=inp.scale,
+                                        activation=w.activation, out_scale=w.out_scale, broadcast=w.broadcast,
+                                        persistent=self.persistent)
+        return fn, {"note": "the scale applied to the smaller of q and k (a pass: GDPA takes no pre-activation scale)"}
+
+
+class GdpaPersistent(Gdpa):
+    """GDPA's Triton kernel with its persistent forward (enable_persistent)."""
+    name = "gdpa-persistent"
+    persistent = True
+
+
 def all_providers() -> list[Provider]:
     """jfa (auto), one jfa-<backend> per registered backend, jfa-softmax, then the peers."""
     return ([Jfa("auto")] + [Jfa(name) for name in BACKENDS] + [JfaSoftmax(), JfaCausal(), JfaNoBias()]
-            + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU(), HSTUCuda(), HSTUCached()])
+            + [TorchVarlen(), FA4(), Flex(), SdpaPadded(), CompiledPadded(), HSTU(), HSTUCuda(), HSTUCached(), Gdpa(),
+               GdpaPersistent()])
 
 
 def select(names: str | None) -> list[Provider]:
