@@ -342,13 +342,16 @@ def gdpa_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
             q = q * scale
         else:
             k = k * scale
-    if broadcast:
-        q_offsets = torch.tensor([0, q.shape[0]], device=q.device, dtype=kv_offsets.dtype)
+    out_offsets = None
+    if broadcast:  # every sequence reads q's rows [0, Lq) and writes rows b * Lq of the output (its output_offset)
+        lq = q.shape[0]
+        q_offsets = torch.tensor([0, lq], device=q.device, dtype=kv_offsets.dtype)
+        out_offsets = torch.arange(kv_offsets.numel(), device=q.device, dtype=kv_offsets.dtype) * lq
     return _gdpa_module().generalized_dot_product_attention(
         q, k, v, q_offsets, kv_offsets, q.shape[0] if broadcast else _max_len(q_offsets, max_q_len),
-        _max_len(kv_offsets, max_kv_len), qk_scale=out_scale, window_size=None if left < 0 else left,
-        broadcast_q=broadcast, activation=GDPA_ACTIVATIONS[activation], enable_persistent=persistent,
-        enable_tma=False)
+        _max_len(kv_offsets, max_kv_len), qk_scale=out_scale, output_offset=out_offsets,
+        window_size=None if left < 0 else left, broadcast_q=broadcast, activation=GDPA_ACTIVATIONS[activation],
+        enable_persistent=persistent, enable_tma=False)
 
 
 def broadcast_rows(q, kv_offsets):
