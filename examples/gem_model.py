@@ -145,6 +145,12 @@ def main(argv=None):
         raise SystemExit(f"--attention hstu needs generative-recommenders' HSTU kernels: {peers.hstu_available()}")
     if args.attention == "hstu-cuda" and peers.hstu_cuda_available():
         raise SystemExit(f"--attention hstu-cuda needs HSTU's CUDA kernel: {peers.hstu_cuda_available()}")
+    if args.attention == "gdpa":
+        refusal = peers.gdpa_available() or peers.gdpa_refusal(args.activation, (-1, 0) if args.causal else (-1, -1),
+                                                               1.0)
+        if refusal or args.hstu:
+            raise SystemExit(f"--attention gdpa needs GDPA's kernel (scripts/carry_gdpa.sh) and an --activation "
+                             f"without --causal or --hstu: {refusal or 'HSTU layers'}")
     causal = args.causal or args.hstu  # (HSTU's layers are causal)
     if args.targets and not causal:
         raise SystemExit("--targets (HSTU's mask) needs causal attention: add --causal or --hstu")

@@ -378,4 +378,5 @@ KERNELS = {  # impl -> (jagged attention, broadcast attention) for jfa.nn's `att
     "padded": (padded_attention, broadcast_of(padded_attention)),
     "hstu": (hstu_attention, None),
     "hstu-cuda": (hstu_cuda_attention, None),
+    "gdpa": (gdpa_attention, None),
 }
