@@ -1,6 +1,6 @@
 """Other attention kernels behind jfa's signatures (jfa.jagged_attention's, or with broadcast_of, jfa.broadcast
 attention's), written once for the end-to-end model (jfa.models, through jfa.nn's ``attention``) and the bench
-(jfa.bench.providers): each called as its own users call it. Benchmark peers only, never a dependency: each is
+(jfa.bench.peer_providers): each called as its own users call it. Benchmark peers only, never a dependency: each is
 imported when called.
 
   fa2_attention      torch.nn.attention.varlen.varlen_attn (FlashAttention 2 inside PyTorch; CUDA)
@@ -225,7 +225,8 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     targets = None if num_targets is None else num_targets.to(torch.int64)
-    return hstu_triton().triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0), contextual_len)
+    return hstu_triton().triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0),
+                                         contextual_len)
 
 
 HSTU_CUDA_LIB = Path(__file__).resolve().parents[1] / ".peers" / "hstu_cuda" / "hstu_C.so"

@@ -8,7 +8,8 @@ import torch
 
 import jfa
 from jfa.bench import main, report, runner, suite
-from jfa.bench.providers import Jfa, Provider, SdpaPadded
+from jfa.bench.peer_providers import SdpaPadded
+from jfa.bench.providers import Jfa, Provider
 from jfa.jagged import visible_mask, visible_pairs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bench_results.json"
@@ -407,14 +408,14 @@ def test_flex_provider_masks_windows_like_the_reference():
     import dataclasses
 
     import jfa
-    from jfa.bench import providers, suite
+    from jfa.bench import peer_providers, suite
     base = next(w for w in suite.load_suite()[1] if w.name == "window-256")
     for window in ([20, 3], [7, 0], [-1, 0]):
         w = dataclasses.replace(base, batch=3, max_len=160, heads_q=2, heads_kv=2, head_dim=32, window=window)
         inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
         for t in (inp.q, inp.k, inp.v):
             t.requires_grad_(False)  # FlexAttention has no CPU backward
-        fn, _ = providers.Flex().build(inp)
+        fn, _ = peer_providers.Flex().build(inp)
         ref = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, window=tuple(window),
                                    backend="reference")
         torch.testing.assert_close(fn(), ref, atol=1e-5, rtol=1e-5)
@@ -428,7 +429,7 @@ def test_peers_mask_targets_like_the_reference(contextual_len, window, serving):
     each sequence's last rows as queries."""
     import dataclasses
 
-    from jfa.bench import providers
+    from jfa.bench import peer_providers
     from jfa.peers import padded_attention
     base = next(w for w in suite.load_suite()[1] if w.name == "softmax-targets")
     w = dataclasses.replace(base, batch=4, max_len=150, heads_q=2, heads_kv=2, head_dim=32, window=(window, 0),
@@ -437,7 +438,7 @@ def test_peers_mask_targets_like_the_reference(contextual_len, window, serving):
     inp.num_targets[0], inp.num_targets[1] = 0, inp.kv_lens[1]
     for t in (inp.q, inp.k, inp.v):
         t.requires_grad_(False)  # FlexAttention has no CPU backward
-    fn, _ = providers.Flex().build(inp)
+    fn, _ = peer_providers.Flex().build(inp)
     kv_offsets = inp.kv_offsets if serving else None
     ref = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, kv_offsets, backend="reference", **inp.score())
     torch.testing.assert_close(fn(), ref, atol=1e-5, rtol=1e-5)

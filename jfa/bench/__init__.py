@@ -4,8 +4,8 @@
     python -m jfa.bench [--suite FILE] [--only NAME,...] [--providers NAME,...] [--out DIR]
     python -m jfa.bench --lengths lens.txt --heads 8 --head-dim 128 --causal [--activation silu --out-scale 0.01]
 
-Modules: suite (workloads, the length recipe, inputs), providers (jfa backends and peers), runner (the
-correctness gate, timing, results), report (terminal table, report.md, plots). See benchmarks/README.md.
+Modules: suite (workloads, the length recipe, inputs), providers (jfa's backends; peer_providers: the peers), runner
+(the correctness gate, timing, results), report (terminal table, report.md, plots). See benchmarks/README.md.
 On a machine with no CUDA device it runs a scaled-down smoke version on the CPU (reference vs the Triton
 interpreter), so the command is never a dead end.
 """
