@@ -17,8 +17,8 @@ imported when called.
 from __future__ import annotations
 
 import functools
-import os
 import inspect
+import os
 from pathlib import Path
 
 import torch
@@ -27,6 +27,13 @@ import torch.nn.functional as F
 from .jagged import causal_window, pair_mask, target_mask
 from .nested import from_padded, to_padded
 from .reference import ACTIVATIONS
+
+
+def kv_per_q_head(q, k, v):
+    """k and v repeated per query head (GQA for a kernel that has none: each query head's k/v head, packed)."""
+    if q.shape[1] == k.shape[1]:
+        return k, v
+    return tuple(x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
 
 
 def _max_len(offsets, max_len):
@@ -52,7 +59,7 @@ def fa2_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv
         if "enable_gqa" in varlen_params():
             kw["enable_gqa"] = True
         else:
-            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+            k, v = kv_per_q_head(q, k, v)
     return varlen_attn(q, k, v, q_offsets.to(torch.int32), kv_offsets.to(torch.int32), _max_len(q_offsets, max_q_len),
                        _max_len(kv_offsets, max_kv_len), **kw)
 
@@ -146,8 +153,7 @@ class PaddedSDPA:
             out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale,
                                                  enable_gqa=q.shape[1] != k.shape[1])
         else:
-            group = q.shape[1] // k.shape[1]
-            kp, vp = (x.repeat_interleave(group, dim=1) if group > 1 else x for x in (kp, vp))
+            kp, vp = kv_per_q_head(qp, kp, vp)  # ([B, H, L, D]: heads on dim 1 too)
             formula = _compiled_formula() if self.compiled else padded_formula
             scale = q.shape[-1] ** -0.5 if scale is None else scale
             out = formula(qp, kp, vp, self.mask, scale, self.activation, self.out_scale,
@@ -221,8 +227,7 @@ def hstu_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_k
     if refusal:
         raise ValueError(refusal)
     n = round(1.0 / out_scale)
-    if q.shape[1] != k.shape[1]:
-        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    k, v = kv_per_q_head(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     targets = None if num_targets is None else num_targets.to(torch.int64)
     return hstu_triton().triton_hstu_mha(n, scale, q, k, v, q_offsets.to(torch.int64), targets, max(left, 0),
@@ -257,8 +262,7 @@ def hstu_cuda_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, 
                            _max_len(q_offsets, max_q_len))
     if refusal:
         raise ValueError(refusal)
-    if q.shape[1] != k.shape[1]:
-        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    k, v = kv_per_q_head(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     targets = None if num_targets is None else num_targets.to(torch.int32)
     return torch.ops.hstu.hstu_mha(round(1.0 / out_scale), scale, q, k, v, q_offsets.to(torch.int32), True, targets,
@@ -283,8 +287,7 @@ def hstu_cached_attention(q, k, v, q_offsets, kv_offsets, *, max_q_len=None, max
     queries against the whole sequence, causal silu with out_scale 1 / N; checked by hstu_cached_refusal on the
     caller's side (it reads the lengths). k and v are repeated per query head (no GQA)."""
     left, _ = causal_window(causal, window)
-    if q.shape[1] != k.shape[1]:
-        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    k, v = kv_per_q_head(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     targets = None if num_targets is None else num_targets.to(torch.int64)
     return hstu_triton().triton_cached_hstu_mha(round(1.0 / out_scale), scale, q, k, v, kv_offsets.to(torch.int64),
