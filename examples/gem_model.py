@@ -220,7 +220,8 @@ def main(argv=None):
                "peak_mem_mb": max(r["peak_mem_mb"] for r in log),
                "mean_cost_imbalance": statistics.fmean(r["cost_imbalance"] for r in log),
                "first_loss": statistics.fmean(losses[:k]), "final_loss": statistics.fmean(losses[-k:]),
-               "first_auc": statistics.fmean(aucs[:k]), "final_auc": statistics.fmean(aucs[-k:])}
+               "first_auc": statistics.fmean(aucs[:k]), "final_auc": statistics.fmean(aucs[-k:]),
+               "losses": [round(x, 5) for x in losses]}  # the curve, to lay implementations side by side
     if args.compile:  # graphs compiled in all, and after the first two steps (their lengths mark sizes dynamic)
         summary.update(compiled_graphs=compiles[-1],
                        recompiles_after_step_2=compiles[-1] - compiles[min(1, len(compiles) - 1)])
