@@ -1,4 +1,5 @@
 """jfa bench on the CPU: pair counts, the suite and its length recipe, the correctness gate, the report."""
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -309,6 +310,22 @@ def test_ratios_pick_the_fastest_correct_peer():
     out = runner.ratios(results, {"jfa": False, "fa2": True, "fa4": True, "bad": True})
     assert out["best_peer"]["fwd"]["provider"] == "fa2" and out["best_peer"]["bwd"]["provider"] == "fa4"
     assert out["ratios"]["jfa"] == {"fwd": 1.5, "bwd": 0.4}
+    # a yardstick (fa4-softmax: another computation on the shape) is left out of the mapping: no ratio, not a peer
+    results["fa4-softmax"] = {"fwd_tflops": 900.0, "bwd_tflops": 900.0}
+    out = runner.ratios(results, {"jfa": False, "fa2": True, "fa4": True})
+    assert out["best_peer"]["fwd"]["provider"] == "fa2" and set(out["ratios"]) == {"jfa"}
+
+
+def test_fa4_softmax_is_a_yardstick_held_to_softmax():
+    from jfa.bench.peer_providers import FA4Softmax
+    p = FA4Softmax()
+    assert p.yardstick and p.check_like == {"activation": "softmax", "out_scale": 1.0}
+    w = suite.Workload("t", "self", batch=2, heads_q=2, heads_kv=2, head_dim=16, lengths=(5, 3), dist="file",
+                       window=(-1, -1))
+    assert p.skip_reason(suite.make_inputs(w, device="cpu")) == "a softmax workload: fa4 itself"
+    # an activation workload: refused here for the CPU or a missing FA4, never for its score
+    reason = p.skip_reason(suite.make_inputs(dataclasses.replace(w, activation="gelu_tanh"), device="cpu"))
+    assert reason and "softmax" not in reason
 
 
 def test_report_and_plots_from_fixture(tmp_path):

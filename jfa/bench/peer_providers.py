@@ -10,6 +10,7 @@ its own users call it, through jfa.peers.
   hstu, hstu-cuda  HSTU's Triton and CUDA kernels (causal silu self-attention, out scale 1 / N)
   hstu-cached    HSTU's cached Triton kernel (serving, forward only)
   gdpa, gdpa-persistent  GDPA's Triton kernel (activations, no causal mask)
+  fa4-softmax    FA4 in softmax on an activation workload's shape (a yardstick: not in the ratios)
 The FlashAttention peers and Flex compute softmax only: they skip activation workloads.
 """
 from __future__ import annotations
@@ -75,6 +76,24 @@ class FA4(Provider):
                                        max_q_len=inp.max_q, max_kv_len=inp.max_kv, window=inp.window,
                                        scale=inp.scale)
         return fn, {}
+
+
+class FA4Softmax(FA4):
+    """flash-attn-4 with softmax on an activation workload's shape (its window kept): the fastest softmax kernel
+    beside jfa's activation, a yardstick rather than a peer computing the same (left out of the ratios). Its output
+    is softmax attention's, so the gate holds it to that reference (check_like)."""
+    name = "fa4-softmax"
+    yardstick = True
+    check_like = dict(activation="softmax", out_scale=1.0)
+
+    def skip_reason(self, inp):
+        if inp.workload.activation == "softmax":
+            return "a softmax workload: fa4 itself"
+        try:
+            import flash_attn.cute  # noqa: F401
+        except Exception as e:
+            return f"flash_attn.cute does not import ({type(e).__name__}: {str(e)[:120]}); see scripts/fetch_fa4.sh"
+        return peer_checks(inp, windows_only=True)
 
 
 _FLEX = None
@@ -335,4 +354,4 @@ class GdpaPersistent(Gdpa):
     persistent = True
 
 
-PEERS = (TorchVarlen, FA4, Flex, SdpaPadded, CompiledPadded, HSTU, HSTUCuda, HSTUCached, Gdpa, GdpaPersistent)
+PEERS = (TorchVarlen, FA4, FA4Softmax, Flex, SdpaPadded, CompiledPadded, HSTU, HSTUCuda, HSTUCached, Gdpa, GdpaPersistent)

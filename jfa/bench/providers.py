@@ -58,6 +58,7 @@ class Provider:
     peer = True  # False for jfa's own providers (the ratios compare jfa with the fastest peer)
     needs = ""  # what it needs besides jfa's own install (`jfa bench --list`)
     forward_only = False  # (serving kernels: checked on the output, timed forward alone)
+    yardstick = False  # another computation on the workload's shape (fa4-softmax): timed, in no ratio
 
     def describe(self) -> str:
         """One line: what it is (its docstring's first sentence) and what it needs."""

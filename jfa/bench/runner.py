@@ -316,14 +316,15 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
     out = {"name": w.name, "spec": w.spec(), "pairs": int(fwd_flops / (4 * w.heads_q * w.head_dim)),
            "fwd_flops": fwd_flops, "bwd_flops": bwd_flops, "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes,
            **floors, "results": results}
-    out.update(ratios(results, {p.name: p.peer for p in providers}))
+    out.update(ratios(results, {p.name: p.peer for p in providers if not p.yardstick}))
     del inp, refs
     _free(device)
     return out
 
 
 def ratios(results: dict, is_peer: dict) -> dict:
-    """jfa providers' TF/s over the fastest correct peer's, per phase: {"best_peer": {...}, "ratios": {...}}."""
+    """jfa providers' TF/s over the fastest correct peer's, per phase: {"best_peer": {...}, "ratios": {...}}.
+    is_peer: provider name -> whether it is a peer (jfa's own: False); a name not in it is in no ratio."""
     best, rat = {}, {}
     for phase in ("fwd", "bwd"):
         key = f"{phase}_tflops"
@@ -333,7 +334,7 @@ def ratios(results: dict, is_peer: dict) -> dict:
         top, top_name = max(peers)
         best[phase] = {"provider": top_name, "tflops": top}
         for name, r in results.items():
-            if not is_peer.get(name, True) and r.get(key):
+            if is_peer.get(name) is False and r.get(key):
                 rat.setdefault(name, {})[phase] = r[key] / top
     return {"best_peer": best, "ratios": rat}
 
