@@ -182,10 +182,35 @@ class OnePass:
 
 
 @gluon.jit
-def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexpr, DIRECT: gl.constexpr):
+def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexpr, DIRECT: gl.constexpr, idle=False):
     """dkdv_block's MMAs one after another with P^T, then dS^T, in shared memory (the A operands of dV's and
     dK's MMAs), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end (they would reach
-    dQ)."""
+    dQ). idle (DqRoute.DIRECT): this warpgroup holds no key of the item's sequence (at most 64 keys: consumer 1):
+    no score, no dV MMA, its dS^T zeros, so only the block's dQ share and its dK MMA (on zeros: the MMA behind a
+    branch of its own failed triton 3.6's lowering) remain."""
+    BLOCK_M: gl.constexpr = c.shape.BLOCK_M
+    WG: gl.constexpr = c.WG
+    stage = d.stage
+    it = blk.it
+    q_buf, do_buf = c.qdo.wait(it)
+    if idle:
+        stage.claim_ds(it)
+        stage.ds_buffer(it, WG).store(gl.full([WG_ROWS, BLOCK_M], 0.0, c.kv_ops.a.dtype, layout=mma_layout(BLOCK_M)))
+    else:
+        dv = _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED)
+    ds_buf = stage.ds_buffer(it, WG)
+    fence_async_shared()
+    stage.publish_ds(it)
+    dk = _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT)
+    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
+    c.qdo.release(it)
+    return dk, dv
+
+
+@gluon.jit
+def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.constexpr):
+    """one_pass_block's score step: S^T, P^T into the block's dS^T buffer (claimed here), dV += P^T dO, dP^T, then
+    dS^T into the buffer (not yet fenced or published) -> dV."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     SCORE: gl.constexpr = c.shape.SCORE
     WG: gl.constexpr = c.WG
@@ -197,7 +222,6 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     st_layout: gl.constexpr = mma_layout(BLOCK_M)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
-    q_buf, do_buf = c.qdo.wait(it)
     st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     lse2 = None  # the rows' statistics where the score has them, from shared memory (RowStats)
     delta = None
@@ -218,14 +242,8 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     dv = warpgroup_mma(ds_buf, do_buf, dv, is_async=True)
     dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
-    dv = done[0]
     ds_buf.store(variants.dscores(pt, done[1], gt, delta, SCORE).to(dtype))
-    fence_async_shared()
-    stage.publish_ds(it)
-    dk = _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT)
-    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
-    c.qdo.release(it)
-    return dk, dv
+    return done[0]
 
 
 @gluon.jit
