@@ -73,7 +73,7 @@ ABLATIONS = {
     "producer only": ("every consumer's math: each block is waited for and released, no writer", [
         ("hopper/bwd.py",
          "                    dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,\n"
-         "                                             DIRECT=DIRECT)",
+         "                                             DIRECT=DIRECT, idle=idle)",
          "                    c.qdo.wait(blk.it)\n"
          "                    c.qdo.release(blk.it)"),
         _NO_WRITER]),
