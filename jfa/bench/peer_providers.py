@@ -57,6 +57,15 @@ class TorchVarlen(Provider):
         return fn, ({"note": note} if note else {})
 
 
+def _fa4_missing() -> str | None:
+    """Why flash_attn.cute cannot be used here, or None."""
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception as e:  # ImportError, or a broken CUDA/DSL install
+        return f"flash_attn.cute does not import ({type(e).__name__}: {str(e)[:120]}); see scripts/fetch_fa4.sh"
+    return None
+
+
 class FA4(Provider):
     """flash-attn-4 (CuTe DSL): flash_attn.cute.flash_attn_varlen_func."""
     name = "fa4"
@@ -64,11 +73,7 @@ class FA4(Provider):
             "scripts/bench.sh installs the carried wheels)"
 
     def skip_reason(self, inp):
-        try:
-            import flash_attn.cute  # noqa: F401
-        except Exception as e:  # ImportError, or a broken CUDA/DSL install
-            return f"flash_attn.cute does not import ({type(e).__name__}: {str(e)[:120]}); see scripts/fetch_fa4.sh"
-        return peer_checks(inp, softmax_only=True, windows_only=True)
+        return _fa4_missing() or peer_checks(inp, softmax_only=True, windows_only=True)
 
     def build(self, inp):
         def fn():
@@ -89,11 +94,7 @@ class FA4Softmax(FA4):
     def skip_reason(self, inp):
         if inp.workload.activation == "softmax":
             return "a softmax workload: fa4 itself"
-        try:
-            import flash_attn.cute  # noqa: F401
-        except Exception as e:
-            return f"flash_attn.cute does not import ({type(e).__name__}: {str(e)[:120]}); see scripts/fetch_fa4.sh"
-        return peer_checks(inp, windows_only=True)
+        return _fa4_missing() or peer_checks(inp, windows_only=True)
 
 
 _FLEX = None
@@ -354,4 +355,5 @@ class GdpaPersistent(Gdpa):
     persistent = True
 
 
-PEERS = (TorchVarlen, FA4, FA4Softmax, Flex, SdpaPadded, CompiledPadded, HSTU, HSTUCuda, HSTUCached, Gdpa, GdpaPersistent)
+PEERS = (TorchVarlen, FA4, FA4Softmax, Flex, SdpaPadded, CompiledPadded, HSTU, HSTUCuda, HSTUCached, Gdpa,
+         GdpaPersistent)
