@@ -37,7 +37,7 @@ from ..runtime import num_sms
 from ..schedule import CACHE
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring, RowStats
-from .bwd_block import Consumer, DkdvGrads, OnePass, QBlock, dkdv_block, one_pass_block
+from .bwd_block import Consumer, DkdvGrads, OnePass, QBlock, deferred_dq, dkdv_block, one_pass_block
 from .common import WG_ROWS, Batch, Shape, aligned, mma_layout, rows, store_rows, tma_descriptor
 from .config import DkdvConfig, DqRoute, check_posted, key_tile_schedule
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
@@ -118,19 +118,25 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
     idle = False
     if DIRECT and (WG == 1):
         idle = tile.kv_len <= WG_ROWS
+    it0 = it
     for g in range(c.shape.GROUP):
         i_h = tile.head * c.shape.GROUP + g
         for seg in gl.static_range(3):
             begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
             end_j = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
             for j in range(begin, end_j):
-                blk = QBlock(tile.block_start(j, BLOCK_M), it, t, i_h)
+                blk = QBlock(tile.block_start(j, BLOCK_M), it, t, i_h, it0)
                 if ONE_PASS:
                     dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,
                                              DIRECT=DIRECT, idle=idle)
                 else:
                     dk, dv = dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED=seg != 1)
                 it += 1
+    if ONE_PASS:
+        if not DIRECT:
+            if d.stage.CHUNKS == 2:
+                if it > it0:  # the item's last block's dQ chunk (deferred_dq), while K is still here
+                    deferred_dq(c, d.stage, it - 1, t)
     c.kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
     store_rows(grads.dk.head(tile.head), grads.dk.stride_t, (dk * grads.score[2]).to(dtype), k0, tile.kv_start,
                tile.kv_len)

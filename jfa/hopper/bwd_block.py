@@ -88,18 +88,21 @@ class Consumer:
 @aggregate
 class QBlock:
     """One (Q, dO) block of a consumer's item: its first query row, its count in the ring (it), the item's count
-    (t) and the query head."""
+    (t), the query head, and the count of the item's first block (it0: the one pass defers a block's dQ to the
+    next block of the same item, _block_dq)."""
     m0: gl.tensor
     it: gl.tensor
     t: gl.tensor
     head: gl.tensor
+    it0: gl.tensor
 
     @constexpr_function
-    def __init__(self, m0, it, t, head):
+    def __init__(self, m0, it, t, head, it0):
         self.m0 = m0
         self.it = it
         self.t = t
         self.head = head
+        self.it0 = it0
 
 
 @gluon.jit
@@ -247,6 +250,18 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
 
 
 @gluon.jit
+def deferred_dq(c, stage, it, t):
+    """Chunk c.WG of block it's dQ, computed while the consumer is at block it + 1 of the same item (or done with
+    the item: jfa.hopper.bwd flushes its last block before releasing K/V): by then the other consumer has long
+    published block it's dS^T, so the two are not held in lockstep by the wait for it (that wait cost 9% of the
+    D=128 one pass: the "no dS wait" ablation), and a consumer may run a block ahead of the other."""
+    BLOCK_M: gl.constexpr = c.shape.BLOCK_M
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, t, c.WG, c.kv_ops, stage, BLOCK_M), ))
+    stage.free_ds(it)
+    stage.put(c.WG, it, dq * c.grads.score[2], BLOCK_M < WG_ROWS)
+
+
+@gluon.jit
 def _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT: gl.constexpr):
     """The block's dK MMA (issued, not waited for) and its dQ = dS K: both consumers' dS^T (each over its 64 keys)
     feed each DQ_COLS-column chunk, computed by its owner (jfa.hopper.dq_reduce) and handed to the writer warp, or
@@ -267,12 +282,10 @@ def _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT: gl.conste
             store_rows(grads.dq.head(blk.head) + C * DQ_COLS, grads.dq.stride_t, (dq * grads.score[2]).to(dtype),
                        blk.m0, tile.q_start, tile.q_len)
         stage.free_ds(it)
-    elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, before dK: the hand-over overlaps dK
-        dq = dq_chunk(it, blk.t, WG, c.kv_ops, stage, BLOCK_M)
+    elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, one block late (deferred_dq)
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
-        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
-        stage.free_ds(it)
-        stage.put(WG, it, dq * grads.score[2], BLOCK_M < WG_ROWS)
+        if it > blk.it0:
+            deferred_dq(c, stage, it - 1, blk.t)
     else:  # one chunk: the consumers take the blocks in turn
         dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         if it % 2 == WG:
