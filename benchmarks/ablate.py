@@ -40,14 +40,9 @@ _NO_WRITER = ("hopper/bwd.py",
 ABLATIONS = {
     "main": ("nothing (the kernel as it is)", []),
     "no dQ": ("the dQ chunks' MMAs, the consumers' dS^T handshake for them, the hand-over and the writer warp", [
-        ("hopper/bwd_block.py",
-         "        dq = dq_chunk(it, blk.t, WG, c.kv_ops, stage, BLOCK_M)\n"
-         "        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)\n"
-         "        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))\n"
-         "        stage.free_ds(it)\n"
-         "        stage.put(WG, it, dq * grads.score[2], BLOCK_M < WG_ROWS)",
-         "        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)\n"
-         "        stage.free_ds(it)"),
+        ("hopper/bwd_block.py", "            deferred_dq(c, stage, it - 1, blk.t)", "            stage.free_ds(it - 1)"),
+        ("hopper/bwd.py", "                    deferred_dq(c, d.stage, it - 1, t)",
+         "                    d.stage.free_ds(it - 1)"),
         ("hopper/bwd_block.py", "        if it % 2 == WG:\n", "        if False:\n"),
         _NO_WRITER]),
     "no direct dQ": ("DqRoute.DIRECT's dQ (short key sets: --part 'dkdv+direct dq'): the chunks' MMAs, the wait for "
