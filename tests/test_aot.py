@@ -52,16 +52,16 @@ def test_register_spills_within_budget(reports):
 # spill-free 32-row blocks, docs/perf-notes.md); every other Hopper kernel must not spill. The budget is what it
 # compiles to now: more means a change moved registers around, which cost the kernel before (perf-notes).
 HOPPER_WGMMA = {("hopper_fwd", 64): 24, ("hopper_fwd", 128): 64, ("hopper_dkdv", 64): 96, ("hopper_dkdv", 128): 144,
-                ("hopper_dq", 64): 32, ("hopper_dq", 128): 40, ("hopper_bwd", 64): 144, ("hopper_bwd", 128): 192,
+                ("hopper_dq", 64): 32, ("hopper_dq", 128): 40, ("hopper_bwd", 64): 144, ("hopper_bwd", 128): 208,
                 ("hopper_dkdv_dq", 64): 144, ("hopper_dkdv_dq", 128): 168, ("hopper_fwd", 128, "short-tile"): 24,
-                ("hopper_bwd", 128, "short-q"): 168}
+                ("hopper_bwd", 128, "short-q"): 184}  # (D=128 one pass: the item's deferred dQ flush)
 # The one-pass backward (hopper_bwd) spills too: at D=64 the 1-warp producer (24 registers) around its LSE/Delta
 # loads, at D=128 the consumers' loop scalars (dK, dV, dQ accumulators and S^T take 160 of 240 registers).
-HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 50, ("hopper_bwd", 128): 810,
+HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 50, ("hopper_bwd", 128): 950,
                        ("hopper_bwd", 128, "short-q"): 90, ("hopper_dkdv_dq", 64): 80, ("hopper_dkdv_dq", 128): 180,
                        # an activation keeps f'(x) in place of softmax's Delta (jfa.variants): what they compile to
                        ("hopper_bwd", 64, "silu"): 48, ("hopper_dkdv_dq", 64, "silu"): 88, ("hopper_dq", 64, "silu"): 68,
-                       ("hopper_dkdv", 128, "silu"): 76, ("hopper_bwd", 128, "silu"): 572,
+                       ("hopper_dkdv", 128, "silu"): 76, ("hopper_bwd", 128, "silu"): 580,
                        ("hopper_dkdv_dq", 128, "silu"): 288, ("hopper_bwd", 64, "gelu_tanh"): 60,
                        # (the direct route's idle consumer, #36: D=64 gelu_tanh 108 -> 120, softmax 76 -> 48, silu 76 -> 0)
                        ("hopper_dkdv_dq", 64, "gelu_tanh"): 120, ("hopper_dkdv", 128, "gelu_tanh"): 260,
