@@ -1,6 +1,7 @@
-"""Ablations of the Hopper dK/dV kernel (jfa.hopper.bwd; by default its one pass, DqRoute.REDUCE): the same kernel
-with one part removed, each in a throwaway copy of jfa, timed with benchmarks/passes.py's "one pass" (or --part:
-"dkdv+direct dq" for the DIRECT route that short key sets take, "backward (default)") and, with --ncu, profiled
+"""Ablations of the Hopper kernels (the dK/dV kernel, jfa.hopper.bwd, by default its one pass, DqRoute.REDUCE; the
+score functions' work in the forward too): the same kernel with one part removed, each in a throwaway copy of jfa,
+timed with benchmarks/passes.py's "one pass" (or --part: "dkdv+direct dq" for the DIRECT route that short key sets
+take, "backward (default)", "forward" for the score ablations) and, with --ncu, profiled
 (tensor-pipe and issue activity, the top stall lines by scripts/ncu_lines.py). What the time falls by when a part
 is gone bounds what a lever on that part can pay: run this before building one (docs/perf-notes.md keeps the
 table). An ablated kernel computes wrong gradients by design; only its time counts.
@@ -10,11 +11,10 @@ table). An ablated kernel computes wrong gradients by design; only its time coun
                                 [--out DIR]
     python benchmarks/ablate.py --list
 
---check builds every copy and compiles its D=128 one pass and DIRECT form for sm_90 on the CPU (wgmma count,
-registers, spills),
-so a stale edit or a form that does not compile costs no device time. On the GPU the copies compile in parallel,
-then the rounds time main and every ablation in turn (compare within one run only); --ncu adds one profiled
-launch of each. Output: a table on stdout; with --ncu, the reports and their summaries under --out ($OUT if set).
+--check builds every copy and compiles its D=128 one pass and DIRECT form and its softmax and gelu_tanh forwards for
+sm_90 on the CPU (wgmma count, registers, spills), so a stale edit or a form that does not compile costs no device
+time. On the GPU the copies compile in parallel, then the rounds time main and every ablation in turn (compare
+within one run only); --ncu adds one profiled launch of each. Output: a table on stdout; with --ncu, the reports and their summaries under --out ($OUT if set).
 """
 import argparse
 import csv
@@ -72,6 +72,14 @@ ABLATIONS = {
          "                    c.qdo.wait(blk.it)\n"
          "                    c.qdo.release(blk.it)"),
         _NO_WRITER]),
+    "tanh as ex2": ("nothing of the activations' work but MUFU.TANH's rate: tanh.approx becomes ex2.approx (one MUFU "
+                    "operation each; silu, gelu_tanh and sigmoid compute wrong values), forward and backward", [
+        ("variants.py", '"tanh.approx.f32 $0, $1;"', '"ex2.approx.ftz.f32 $0, $1;"')]),
+    "no activation": ("the activation's forward (P = the scaled S; with --part forward)", [
+        ("variants.py", "        p, _ = SCORE(s * qk_scale, FAST)\n", "        p = s * qk_scale\n")]),
+    "fwd no exp": ("softmax's exponential in the forward (P = the scaled S minus the row max; with --part forward)", [
+        ("variants.py", "p = tl.exp2(s * qk_scale - tl.expand_dims(m_scaled, 1))",
+         "p = s * qk_scale - tl.expand_dims(m_scaled, 1)")]),
     "ring always full": ("the (Q, dO) ring's TMA loads: a slot is ready once claimed (the forward's too)", [
         ("hopper/buffers.py",
          "            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)\n"
@@ -86,6 +94,7 @@ ABLATIONS = {
 }
 
 DEFAULT_WORKLOADS = "self-skewed-8k,causal-skewed-4k"  # D=128, where jfa's backward trails FA4
+_KERNEL = {"forward": "hopper_fwd"}  # the kernel --ncu profiles, by part (else the dK/dV kernel)
 # ncu's details lines worth a table column, and its raw metrics for the tensor pipe and issue slots
 _DETAILS = re.compile(r"Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|No Eligible|"
                       r"Warp Cycles Per Issued Instruction|Registers Per Thread|DRAM Throughput")
@@ -130,6 +139,11 @@ for route in (DqRoute.REDUCE, DqRoute.DIRECT):
     r = compile_dkdv(128, torch.bfloat16, cfg=select_dkdv(128, route))
     print(f"{route.name}: wgmma {r.wgmma}, regs {r.registers}, spill {r.spill_bytes} B", end="; ")
 print()
+from jfa.hopper.aot import compile_fwd
+for act in ("softmax", "gelu_tanh"):
+    r = compile_fwd(128, torch.bfloat16, activation=act)
+    print(f"fwd {act}: regs {r.registers}, spill {r.spill_bytes} B", end="; ")
+print()
 """
 
 
@@ -137,7 +151,7 @@ def check(dirs: dict) -> int:
     def one(item):
         name, d = item
         r = _run([sys.executable, "-c", _CHECK], d, 900, TRITON_INTERPRET="0")
-        last = (r.stdout.strip().splitlines() or r.stderr.strip().splitlines() or ["?"])[-1]
+        last = " ".join(r.stdout.split("\n")) if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
         return name, r.returncode, last
     failed = 0
     with ThreadPoolExecutor(2) as pool:
@@ -194,7 +208,7 @@ def table(times: dict, names, workloads) -> str:
 
 
 def profile(dirs: dict, workloads, part: str, out: Path) -> None:
-    """One ncu launch (the part's second dK/dV kernel) per ablation and workload: its details, the tensor-pipe and
+    """One ncu launch (the part's second dK/dV kernel, or forward kernel) per ablation and workload: its details, the tensor-pipe and
     issue metrics, and the top stall lines, summarized into out/ablate-ncu.txt."""
     summary = []
     for name, d in dirs.items():
@@ -202,7 +216,8 @@ def profile(dirs: dict, workloads, part: str, out: Path) -> None:
             tag = re.sub(r"\W+", "_", f"{name}-{w}")
             rep = out / f"ablate-{tag}"
             r = _run(["ncu", "--set", "full", "--import-source", "no", "--clock-control", "none", "--kernel-name",
-                      "regex:hopper_dkdv", "--launch-skip", "1", "--launch-count", "1", "-f", "-o", str(rep),
+                      f"regex:{_KERNEL.get(part, 'hopper_dkdv')}", "--launch-skip", "1", "--launch-count", "1", "-f",
+                      "-o", str(rep),
                       *_passes(w, part, "--calls", "2")], d, 400)
             summary.append(f"== {name} / {w} (ncu rc {r.returncode})")
             if r.returncode != 0:
