@@ -1,7 +1,9 @@
 """jfa bench on the CPU: pair counts, the suite and its length recipe, the correctness gate, the report."""
+import ast
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -544,6 +546,24 @@ def test_ablations_still_apply(tmp_path):
     assert "dq_writer_partition, (shape" in (dirs["main"] / "jfa" / bwd_py).read_text()
     with pytest.raises(ValueError, match="occurs 3 times"):
         ablate["apply"](dirs["main"] / "jfa", [(bwd_py, "gl.warp_specialize([", "")])
+
+
+def test_mufu_chains_compile_to_one_operation_an_iteration():
+    """benchmarks/mufu_rates.py --check: each chain compiles for sm_90 to its MUFU operation and the common FFMA,
+    one each an iteration and element (so the rates it reports are the operations'), the FFMA chain to FFMAs
+    alone. (In a subprocess: the interpreter must be off for triton.compile.)"""
+    import subprocess
+    import sys
+    script = Path(__file__).parents[1] / "benchmarks" / "mufu_rates.py"
+    res = subprocess.run([sys.executable, str(script), "--check", "--iters", "8"], capture_output=True, text=True,
+                         env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    per_thread = 2048 // 128  # BLOCK elements over 4 warps
+    lines = dict(line.split(" SASS: ") for line in res.stdout.strip().splitlines())
+    for op, want in (("ex2", "MUFU.EX2"), ("tanh", "MUFU.TANH"), ("rcp", "MUFU.RCP"), ("ffma", None)):
+        counts = ast.literal_eval(lines[op.ljust(5)])
+        expect = {"FFMA": 8 * per_thread, **({want: 8 * per_thread} if want else {})}
+        assert counts == expect, (op, counts)
 
 
 def test_forward_only_providers_are_checked_on_the_output_and_timed_forward(monkeypatch):
