@@ -14,7 +14,8 @@ table). An ablated kernel computes wrong gradients by design; only its time coun
 --check builds every copy and compiles its D=128 one pass and DIRECT form and its softmax and gelu_tanh forwards for
 sm_90 on the CPU (wgmma count, registers, spills), so a stale edit or a form that does not compile costs no device
 time. On the GPU the copies compile in parallel, then the rounds time main and every ablation in turn (compare
-within one run only); --ncu adds one profiled launch of each. Output: a table on stdout; with --ncu, the reports and their summaries under --out ($OUT if set).
+within one run only); --ncu adds one profiled launch of each. Output: a table on stdout; with --ncu, the reports
+and their summaries under --out ($OUT if set).
 """
 import argparse
 import csv
