@@ -41,7 +41,8 @@ _NO_WRITER = ("hopper/bwd.py",
 ABLATIONS = {
     "main": ("nothing (the kernel as it is)", []),
     "no dQ": ("the dQ chunks' MMAs, the consumers' dS^T handshake for them, the hand-over and the writer warp", [
-        ("hopper/bwd_block.py", "            deferred_dq(c, stage, it - 1, blk.t)", "            stage.free_ds(it - 1)"),
+        ("hopper/bwd_block.py", "            deferred_dq(c, stage, it - 1, blk.t)",
+         "            stage.free_ds(it - 1)"),
         ("hopper/bwd.py", "                    deferred_dq(c, d.stage, it - 1, t)",
          "                    d.stage.free_ds(it - 1)"),
         ("hopper/bwd_block.py", "        if it % 2 == WG:\n", "        if False:\n"),
@@ -209,8 +210,8 @@ def table(times: dict, names, workloads) -> str:
 
 
 def profile(dirs: dict, workloads, part: str, out: Path) -> None:
-    """One ncu launch (the part's second dK/dV kernel, or forward kernel) per ablation and workload: its details, the tensor-pipe and
-    issue metrics, and the top stall lines, summarized into out/ablate-ncu.txt."""
+    """One ncu launch (the part's second dK/dV kernel, or forward kernel) per ablation and workload: its details,
+    the tensor-pipe and issue metrics, and the top stall lines, summarized into out/ablate-ncu.txt."""
     summary = []
     for name, d in dirs.items():
         for w in workloads:
