@@ -135,13 +135,12 @@ def _run(cmd, path: Path, timeout: int, **env) -> subprocess.CompletedProcess:
 
 _CHECK = """
 import torch
-from jfa.hopper.aot import compile_dkdv
+from jfa.hopper.aot import compile_dkdv, compile_fwd
 from jfa.hopper.config import DqRoute, select_dkdv
 for route in (DqRoute.REDUCE, DqRoute.DIRECT):
     r = compile_dkdv(128, torch.bfloat16, cfg=select_dkdv(128, route))
     print(f"{route.name}: wgmma {r.wgmma}, regs {r.registers}, spill {r.spill_bytes} B", end="; ")
 print()
-from jfa.hopper.aot import compile_fwd
 for act in ("softmax", "gelu_tanh"):
     r = compile_fwd(128, torch.bfloat16, activation=act)
     print(f"fwd {act}: regs {r.registers}, spill {r.spill_bytes} B", end="; ")

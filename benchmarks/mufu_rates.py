@@ -11,11 +11,8 @@ chains a thread. One line per operation: Gop/s of the operation, ops per clock p
 and the rate over ex2's.
 """
 import argparse
-import os
 import re
-import subprocess
 import sys
-import tempfile
 
 import torch
 import triton
@@ -49,16 +46,9 @@ def _sass_counts(op: str, iters: int) -> dict:
     src = triton.compiler.ASTSource(_chain, {"x_ptr": "*fp32", "out_ptr": "*fp32", "a": "fp32", "b": "fp32",
                                              "ITERS": "constexpr", "ASM": "constexpr", "BLOCK": "constexpr"},
                                     constexprs={"ITERS": iters, "ASM": OPS[op][0], "BLOCK": BLOCK})
+    from jfa.ptxas import sass
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS}).asm["ptx"]
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(ptx_path, "w") as f:
-            f.write(ptx)
-        subprocess.run([os.path.join(bindir, "ptxas"), "--gpu-name=sm_90a", ptx_path, "-o", cubin], check=True)
-        sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", cubin], check=True, capture_output=True,
-                              text=True).stdout
-    ops = re.findall(r"/\*[0-9a-f]+\*/\s+((?:MUFU\.\w+)|FFMA|FMUL|FADD)\b", sass)
+    ops = re.findall(r"/\*[0-9a-f]+\*/\s+((?:MUFU\.\w+)|FFMA|FMUL|FADD)\b", sass(ptx))
     return {k: ops.count(k) for k in sorted(set(ops))}
 
 

@@ -25,9 +25,24 @@ class Report:
     ptx: str
 
 
+def _tool(name: str) -> str:
+    """A CUDA tool Triton's wheel ships (ptxas, nvdisasm, cuobjdump)."""
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def sass(ptx: str) -> str:
+    """The SASS of a PTX module assembled for sm_90a (ptxas, then nvdisasm), to read or count instructions in."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx_path, "w") as f:
+            f.write(ptx)
+        subprocess.run([_tool("ptxas"), "--gpu-name=sm_90a", ptx_path, "-o", cubin], check=True)
+        return subprocess.run([_tool("nvdisasm"), "-c", cubin], check=True, capture_output=True, text=True).stdout
+
+
 def ptxas_report(ptx: str) -> tuple[int, int]:
     """(registers, spill bytes) of a PTX module, from ptxas -v for sm_90a."""
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = _tool("ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     try:
