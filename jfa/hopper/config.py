@@ -53,6 +53,7 @@ class FwdConfig:
     stages: int = 3  # K/V ring depth (the ring and Q fit in the 227 KB of shared memory at D=128)
     coalesced_store: bool = False  # O in 16-byte pieces through a shared-memory layout conversion (store_rows)
     posted_items: bool = False  # the producer posts each item beside its Q, then an end mark (ItemOperands.post)
+    pingpong: bool = False  # two consumers take turns issuing a block's MMAs (jfa.hopper.fwd._turn)
 
     @property
     def block_m(self) -> int:
@@ -79,8 +80,9 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
         return FwdConfig(consumers=1, block_n=64, stages=2, coalesced_store=True, posted_items=True)
     consumers = 1 if head_dim <= 64 else 2
     if mean_kv_len <= SHORT_KV:
-        return FwdConfig(consumers=consumers, stages=2, coalesced_store=True, posted_items=consumers == 1)
-    return FwdConfig(consumers=consumers)
+        return FwdConfig(consumers=consumers, stages=2, coalesced_store=True, posted_items=consumers == 1,
+                         pingpong=consumers == 2)
+    return FwdConfig(consumers=consumers, pingpong=consumers == 2)
 
 
 @dataclass(frozen=True)

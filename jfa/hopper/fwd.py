@@ -50,18 +50,20 @@ class FwdOutput:
     stride_lh: gl.tensor
     score: gl.tuple
     COALESCED: gl.constexpr
+    PINGPONG: gl.constexpr  # (experiment: FwdConfig.pingpong, here for want of a forward aggregate of the config)
 
     @constexpr_function
-    def __init__(self, o, LSE, stride_lh, score, COALESCED):
+    def __init__(self, o, LSE, stride_lh, score, COALESCED, PINGPONG):
         self.o = o
         self.LSE = LSE
         self.stride_lh = stride_lh
         self.score = score
         self.COALESCED = gl.constexpr(COALESCED)
+        self.PINGPONG = gl.constexpr(PINGPONG)
 
     @gluon.jit
-    def create(o, lse, score, COALESCED: gl.constexpr):
-        return FwdOutput(Rows.create(o), lse[0], gl.to_tensor(lse[1]), score, COALESCED)
+    def create(o, lse, score, COALESCED: gl.constexpr, PINGPONG: gl.constexpr):
+        return FwdOutput(Rows.create(o), lse[0], gl.to_tensor(lse[1]), score, COALESCED, PINGPONG)
 
 
 @gluon.jit
@@ -142,11 +144,28 @@ def _weights(s, state, n0, edges, tile, batch, score, s_cols: gl.constexpr, FIRS
 
 
 @gluon.jit
+def _turn(WG: gl.constexpr, PINGPONG: gl.constexpr, WAIT: gl.constexpr):
+    """FlashAttention-3's ping-pong: WAIT: consumer WG waits for its turn to issue a block's MMAs (named barrier
+    14 + WG over 256 threads: its own 128 and the other consumer's arrival; Triton's partitions use the low ones);
+    else it hands the turn to the other (arrives on the other's barrier), so that one consumer's weights phase runs
+    beside the other's MMAs."""
+    if PINGPONG:
+        zero = gl.to_tensor(0)
+        if WAIT == (WG == 0):  # wait on 14 / arrive on 14 for consumer 1
+            asm: gl.constexpr = "bar.sync 14, 256; mov.b32 $0, $1;" if WAIT else "bar.arrive 14, 256; mov.b32 $0, $1;"
+        else:
+            asm: gl.constexpr = "bar.sync 15, 256; mov.b32 $0, $1;" if WAIT else "bar.arrive 15, 256; mov.b32 $0, $1;"
+        gl.inline_asm_elementwise(asm, "=r,r", [zero], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
     """Consumer WG's items: as posted (read after its Q wait, up to the end mark: FwdConfig.posted_items), or
     from the schedule (WorkList.item's three dependent loads per slot)."""
     it = 0
     t = 0
+    if WG == 1:  # (ping-pong: consumer 0 issues first)
+        _turn(WG, out.PINGPONG, False)
     if q_ops.POSTED:
         q_ops.wait(0, WG)
         valid = q_ops.item(0, 4).valid
@@ -185,6 +204,8 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
     else:  # rows past the sequence's end, or no keys: hand the buffers back
         q_ops.release(t)
         for jb in range(0, n_blocks):
+            _turn(WG, out.PINGPONG, True)  # (the other consumer's turns go on)
+            _turn(WG, out.PINGPONG, False)
             kv.wait_b(it + jb)
             kv.wait_a(it + jb)
             kv.release(it + jb)
@@ -210,7 +231,10 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
     q_buf = q_ops.a.index(WG)
     lo = tile.lo
     # prologue: S of the first block and its weights
-    s = warpgroup_mma(q_buf, kv.wait_a(it).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    k_first = kv.wait_a(it)
+    _turn(WG, out.PINGPONG, True)
+    s = warpgroup_mma(q_buf, k_first.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    _turn(WG, out.PINGPONG, False)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     p, state, alpha = _weights(s, state, lo, edges, tile, batch, out.score, s_cols, True, SCORE)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -218,8 +242,10 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
         n0 = lo + jb * BLOCK_N
         k_buf = kv.wait_a(it + jb)
         v_buf = kv.wait_b(it + jb - 1)
+        _turn(WG, out.PINGPONG, True)
         s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
+        _turn(WG, out.PINGPONG, False)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
         p, state, alpha = _weights(s, state, n0, edges, tile, batch, out.score, s_cols, False, SCORE)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
@@ -272,7 +298,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, CFG.block_n, CONSUMERS, False, BROADCAST, SCORE)
     work = WorkList.create(sched)
     batch = Batch.create(offsets, mask)
-    out = FwdOutput.create(o, lse, score, COALESCED)
+    out = FwdOutput.create(o, lse, score, COALESCED, CFG.pingpong)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
