@@ -195,8 +195,13 @@ def bwd_classes(p: Problem) -> list:
 
 
 def fwd_config(p: Problem) -> FwdConfig:
-    """select_fwd's for the problem's shape."""
-    return for_problem(select_fwd(p.head_dim, p.k.shape[0] / max(p.batch, 1)), p)
+    """select_fwd's for the problem's shape; an activation past SHORT_TILE_KV takes the long form (3 K/V stages):
+    the short form's 2 stages were chosen on softmax, whose weights phase is shorter (gdpa-self: gelu_tanh's
+    forward 0.86x softmax's in the short form)."""
+    mean = p.k.shape[0] / max(p.batch, 1)
+    if not p.softmax and mean > SHORT_TILE_KV:
+        mean = float("inf")
+    return for_problem(select_fwd(p.head_dim, mean), p)
 
 
 def fwd_classes(p: Problem) -> list:
