@@ -5,7 +5,7 @@ j at position b with time k_times[j], the score becomes ``scale * q_i . k_j + bi
 activation, with every mask), where
 
     bias = position[P - 1 + clamp(b - a, 1 - P, P - 1)]
-         + time[clamp(floor(ln(max(|q_times[i] - k_times[j]|, 1)) / time_divisor), 0, NB)]
+         + time[clamp(floor(ln(float32(max(|q_times[i] - k_times[j]|, 1))) / time_divisor), 0, NB)]
 
 ``position`` has 2P - 1 entries and ``time`` NB + 1, each shared by the heads ([L]) or one row per query head
 ([Hq, L]), float32; either may be None. The tables are parameters: their gradients are the sums of dL/dscore over
@@ -19,8 +19,10 @@ the bias to the raw scores q . k divided by the scale, so that every score funct
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal, localcontext
 from typing import Optional
 
 import torch
@@ -128,10 +130,32 @@ def indices(lq: int, lk: int, q_times, k_times, length_pos: int, length_time: in
         a = torch.arange(lq, device=device).view(-1, 1) + (lk - lq)
         b = torch.arange(lk, device=device).view(1, -1)
         pos = (b - a).clamp(1 - p, p - 1) + (p - 1)
-    if length_time:
-        dt = (q_times.view(-1, 1) - k_times.view(1, -1)).abs().clamp(min=1).double()
-        tim = torch.floor(torch.log(dt) / divisor).clamp(0, length_time - 1).long()
+    if length_time:  # (the count of edges at or below the time difference rounded to float32: see time_edges)
+        dt = (q_times.view(-1, 1) - k_times.view(1, -1)).abs().clamp(min=1).float().double()
+        tim = torch.searchsorted(time_edges(length_time - 1, divisor, device).double(), dt.contiguous(), right=True)
     return pos, tim
+
+
+@functools.lru_cache(maxsize=64)
+def time_edges(buckets: int, divisor: float, device) -> torch.Tensor:
+    """float32 [max(buckets, 1)]: entry b - 1 is the least integer float32 at or above exp(b * divisor), exactly
+    (divisor as the double it is; infinite past float32's largest, and the one entry where buckets is 0), so that
+    the time bucket of a difference dt is the number of edges at or below float32(dt): floor(ln(float32(dt)) /
+    divisor) clamped to [0, buckets], exactly. The difference is taken in float32 as HSTU's module takes it; the
+    logarithm is not: in floating point a bucket flips at its edges (the GPU's float32 log: ~2 pairs in a million
+    on hstu-bias's times, moving out and the gradients past the bench's gate), so the spec and the kernels both
+    bucket by these edges."""
+    edges = []
+    with localcontext() as ctx:
+        ctx.prec = 60
+        for b in range(1, buckets + 1):
+            if Decimal(divisor) * b > 88:  # (past float32's largest)
+                edges.append(math.inf)
+                continue
+            e = int((Decimal(divisor) * b).exp().to_integral_value(rounding=ROUND_CEILING))  # the least integer
+            shift = max(e.bit_length() - 24, 0)  # (then the least float32 at or above it: 24 significant bits)
+            edges.append(float(-(-e >> shift) << shift))
+    return torch.tensor(edges or [math.inf], dtype=torch.float32, device=device)
 
 
 def entries(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int):
@@ -161,15 +185,16 @@ def matrix(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int, dtype, at=
 
 def group(t: Optional[Tables], scale: float, grads=None):
     """The kernels' bias group: None (no bias: the kernels compile as without one), or (position, its head stride,
-    P, time, its head stride, NB, q_times, k_times, 1 / time_divisor, 1 / scale, dposition, dtime, HAS_POSITION,
-    HAS_TIME, HAS_GRADS)."""
+    P, time, its head stride, NB, q_times, k_times, 1 / time_divisor, 1 / scale, dposition, dtime, the time edges,
+    HAS_POSITION, HAS_TIME, HAS_GRADS)."""
     if t is None:
         return None
     pos, tim = t.position, t.time
     dpos, dtim = grads if grads is not None else (None, None)
     group = (pos, 0 if pos is None else pos.stride(0), 0 if pos is None else (pos.shape[1] + 1) // 2,
              tim, 0 if tim is None else tim.stride(0), 0 if tim is None else tim.shape[1] - 1,
-             t.q_times, t.k_times, 1.0 / t.time_divisor, 1.0 / scale, dpos, dtim)
+             t.q_times, t.k_times, 1.0 / t.time_divisor, 1.0 / scale, dpos, dtim,
+             None if tim is None else time_edges(tim.shape[1] - 1, t.time_divisor, tim.device))
     # (a None inside a tuple fails to compile where the tuple is passed on: an absent entry is a constexpr 0, and
     # three constexpr flags say what is present: the position table, the time table, the gradients' buffers)
     flags = (pos is not None, tim is not None, grads is not None)
@@ -181,15 +206,22 @@ def _entries(bias, pairs):
     """(position entry, time entry) of a block's pairs (see block)."""
     a, b, qi, kj, q_in, k_in = pairs
     pe = a - b  # (unused without a position table)
-    if bias[12]:
+    if bias[13]:
         P = bias[2]
         pe = tl.minimum(tl.maximum(b - a, 1 - P), P - 1) + (P - 1)
     te = pe
-    if bias[13]:  # (the times by row and by column; their difference by pair)
+    if bias[14]:  # (the times by row and by column; their difference by pair)
         qt = tl.load(bias[6] + qi, mask=q_in, other=0)
         kt = tl.load(bias[7] + kj, mask=k_in, other=0)
-        dt = tl.maximum(tl.abs(qt - kt).to(tl.float32), 1.0)
-        te = tl.minimum(tl.maximum(tl.floor(tl.log(dt) * bias[8]), 0.0), bias[5] * 1.0).to(tl.int32)
+        # float32's ln(dt) / divisor is within ~1e-5 of the exact value: right, except within 1/64 of an integer r,
+        # where the bucket is r or r - 1 as dt reaches edge r or not (time_edges: exact); those pairs alone load it
+        dt = tl.maximum(tl.abs(qt - kt), 1).to(tl.float32)
+        x = tl.log(dt) * bias[8]
+        r = tl.minimum(tl.maximum(tl.floor(x + 0.5), 1.0), tl.maximum(bias[5], 1) * 1.0).to(tl.int32)
+        near = tl.abs(x - r.to(tl.float32)) < 0.015625
+        edge = tl.load(bias[12] + r - 1, mask=near, other=0.0)
+        te = tl.minimum(tl.maximum(tl.floor(x), 0.0), bias[5] * 1.0).to(tl.int32)
+        te = tl.where(near, r - (dt < edge).to(tl.int32), te)
     return pe, te
 
 
@@ -200,9 +232,9 @@ def block(bias, i_h, pairs):
     block's shape, the keys' on the key side (each broadcast to the block: [M, 1] and [1, N], or transposed). Pairs
     outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
     pe, te = _entries(bias, pairs)
-    if bias[12]:
+    if bias[13]:
         x = tl.load(bias[0] + i_h * bias[1] + pe)
-        if bias[13]:
+        if bias[14]:
             x += tl.load(bias[3] + i_h * bias[4] + te)
     else:
         x = tl.load(bias[3] + i_h * bias[4] + te)
@@ -215,7 +247,7 @@ def add_grads(bias, i_h, pairs, ds):
     into [Hq, L] buffers: the order of the sums varies run to run)."""
     pe, te = _entries(bias, pairs)
     in_pairs = pairs[4] & pairs[5]
-    if bias[12] and bias[14]:
+    if bias[13] and bias[15]:
         tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + pe, ds, mask=in_pairs, sem="relaxed")
-    if bias[13] and bias[14]:
+    if bias[14] and bias[15]:
         tl.atomic_add(bias[11] + i_h * (bias[5] + 1) + te, ds, mask=in_pairs, sem="relaxed")

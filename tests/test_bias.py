@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import jfa
 from jfa import bias as rel
@@ -18,7 +20,7 @@ DIVISOR = 0.301
 
 def times_away_from_edges(lengths, divisor=DIVISOR, seed=0):
     """Increasing int64 timestamps [T] per sequence whose every pair's log(|dt|) / divisor lies at least 1e-3 from a
-    bucket edge (the kernels bucket in float32, the spec in float64: only a pair at an edge may differ)."""
+    bucket edge (HSTU's module buckets in float32, the spec exactly: only a pair at an edge may differ)."""
     g = torch.Generator().manual_seed(seed)
     parts = []
     for n in lengths:
@@ -61,6 +63,70 @@ def test_the_spec_is_hstus_module():
         rows = slice(s * n, (s + 1) * n)
         got = rel.matrix(tables, rows, rows, n, n, torch.float32)[0]
         torch.testing.assert_close(got, want[s], rtol=0, atol=0)
+
+
+# the time buckets' edges: (divisor, buckets); the last case's top edges are past float32's largest
+EDGE_CASES = [(DIVISOR, 129), (1.0, 42), (0.05, 800), (2.0, 50)]
+
+
+def _below(x: float) -> float:
+    """The integer float32 just below x (an integer float32: what a time difference rounds to)."""
+    if x <= 2 ** 24:
+        return x - 1
+    return float(torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(-math.inf)))
+
+
+@pytest.mark.parametrize("divisor,buckets", EDGE_CASES)
+def test_time_edges_are_where_the_floor_of_the_log_steps(divisor, buckets):
+    """time_edges: edge b is the least integer float32 f with ln(f) / divisor >= b (in double precision, up to its rounding),
+    and the spec's bucket is floor(ln(float32(dt)) / divisor) clamped, wherever double precision decides it."""
+    edges = rel.time_edges(buckets, divisor, torch.device("cpu")).tolist()
+    assert len(edges) == buckets and edges == sorted(edges) and edges[0] >= 2
+    for b, e in enumerate(edges, 1):
+        if math.isinf(e):
+            assert b * divisor > 88
+            continue
+        assert math.log(e) / divisor >= b * (1 - 1e-14), (b, e)
+        assert math.log(_below(e)) / divisor < b * (1 + 1e-14), (b, e)
+    g = torch.Generator().manual_seed(0)
+    dt = torch.cat([torch.arange(1, 3000), torch.randint(1, 1 << 62, (20000, ), generator=g)])
+    _, got = rel.indices(1, dt.numel(), torch.zeros(1, dtype=torch.int64), dt, 0, buckets + 1, divisor, "cpu")
+    x = torch.log(dt.float().double()) / divisor
+    decided = (x - x.round()).abs() > 1e-9
+    want = x.floor().clamp(0, buckets).long()
+    assert torch.equal(got[0][decided], want[decided])
+    _, none = rel.indices(1, dt.numel(), torch.zeros(1, dtype=torch.int64), dt, 0, 1, divisor, "cpu")
+    assert not none.any()  # (one time entry: every pair reads it)
+
+
+@triton.jit
+def _time_buckets(bias, out, n, BLOCK: tl.constexpr):
+    """The kernels' time bucket (bias._entries) of pairs (row 0, key j): q_times[0] - k_times[j] = the dt."""
+    j = tl.arange(0, BLOCK)[None, :]
+    i = tl.zeros([1, 1], dtype=tl.int32)
+    _, te = rel._entries(bias, (i, j, i, j, i == 0, j < n))
+    tl.store(out + j, te, mask=j < n)
+
+
+@pytest.mark.parametrize("divisor,buckets", EDGE_CASES + [(DIVISOR, 0)])
+def test_kernels_time_buckets_are_the_specs_at_every_edge(divisor, buckets):
+    """The kernels' time bucket of a dt at each edge, one float32 below it and an integer either side of each
+    equals the spec's (a float32 logarithm alone flips many of these: at edge 60 of 0.301, ln(dt) moves 1.5e-8
+    from one float32 to the next). On the GPU (its approximate log) where there is one, else in the
+    interpreter."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    edges = [e for e in rel.time_edges(buckets, divisor, torch.device("cpu")).tolist() if e < 2 ** 62]
+    points = [int(x) for e in edges for x in (e, _below(e))]
+    dt = torch.tensor(sorted({p + d for p in points for d in (-1, 0, 1)} | set(range(1, 64))), dtype=torch.int64)
+    q_times = torch.zeros(1, dtype=torch.int64, device=device)
+    table = torch.zeros(buckets + 1, device=device)
+    tables = rel.check(jfa.RelativeBias(None, table, q_times, -dt.to(device), divisor), torch.zeros(1, 1, 8,
+                       device=device), torch.zeros(dt.numel(), 1, 8, device=device), False, False, 1.0)
+    got = torch.full((dt.numel(), ), -1, dtype=torch.int32, device=device)
+    _time_buckets[(1, )](rel.group(tables, 1.0), got, dt.numel(), BLOCK=triton.next_power_of_2(dt.numel()))
+    _, want = rel.indices(1, dt.numel(), q_times.cpu(), -dt, 0, buckets + 1, divisor, "cpu")
+    assert want[0].max() == len(edges)
+    assert torch.equal(got.cpu().long(), want[0])
 
 
 def test_hstu_attention_with_the_bias_is_hstus_formula():
