@@ -50,7 +50,7 @@ class FwdOutput:
     stride_lh: gl.tensor
     score: gl.tuple
     COALESCED: gl.constexpr
-    PINGPONG: gl.constexpr  # (experiment: FwdConfig.pingpong, here for want of a forward aggregate of the config)
+    PINGPONG: gl.constexpr  # (FwdConfig.pingpong: carried here for want of a forward aggregate of the config)
 
     @constexpr_function
     def __init__(self, o, LSE, stride_lh, score, COALESCED, PINGPONG):
