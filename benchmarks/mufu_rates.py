@@ -46,7 +46,7 @@ def _sass_counts(op: str, iters: int) -> dict:
     src = triton.compiler.ASTSource(_chain, {"x_ptr": "*fp32", "out_ptr": "*fp32", "a": "fp32", "b": "fp32",
                                              "ITERS": "constexpr", "ASM": "constexpr", "BLOCK": "constexpr"},
                                     constexprs={"ITERS": iters, "ASM": OPS[op][0], "BLOCK": BLOCK})
-    from jfa.ptxas import sass
+    from jfa.ptxas import sass  # (here: importing jfa first turns Triton's interpreter on where there is no GPU)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS}).asm["ptx"]
     ops = re.findall(r"/\*[0-9a-f]+\*/\s+((?:MUFU\.\w+)|FFMA|FMUL|FADD)\b", sass(ptx))
     return {k: ops.count(k) for k in sorted(set(ops))}

@@ -78,8 +78,9 @@ def _below(x: float) -> float:
 
 @pytest.mark.parametrize("divisor,buckets", EDGE_CASES)
 def test_time_edges_are_where_the_floor_of_the_log_steps(divisor, buckets):
-    """time_edges: edge b is the least integer float32 f with ln(f) / divisor >= b (in double precision, up to its rounding),
-    and the spec's bucket is floor(ln(float32(dt)) / divisor) clamped, wherever double precision decides it."""
+    """time_edges: edge b is the least integer float32 f with ln(f) / divisor >= b (in double precision, up to its
+    rounding), and the spec's bucket is floor(ln(float32(dt)) / divisor) clamped, wherever double precision decides
+    it."""
     edges = rel.time_edges(buckets, divisor, torch.device("cpu")).tolist()
     assert len(edges) == buckets and edges == sorted(edges) and edges[0] >= 2
     for b, e in enumerate(edges, 1):
