@@ -224,13 +224,13 @@ def full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """HSTU's mask is the causal window's on positions; rows in [c, U's row) and keys from c on see each other as the
     causal window says (p(i) - p(j) = i - j): there its full blocks, else none (a tile with context or target rows
-    is masked whole)."""
+    is masked whole). Such a row i sees a context key j < c at p(i) - 0 = i - c + 1 <= i - j, so a block the causal
+    window finds full stays full with context keys in it (a tile's first key block, unmasked)."""
     n, shift = _rows(seq, rule)
     c = rule.p[2]
     m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1
     seq_w, rule_w = _causal_window(seq, rule)
     j_lo, j_hi = full_blocks(m0, lo, n_blocks, seq_w, rule_w, BLOCK_M, BLOCK_N)
-    j_lo = tl.maximum(j_lo, tl.where(c > lo, tl.cdiv(c - lo, BLOCK_N), 0))
     plain = (m0 + shift >= c) & (m_last + shift < n - seq[2])
     j_lo = tl.where(plain, tl.minimum(j_lo, n_blocks), 0)
     return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)
@@ -238,8 +238,9 @@ def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOC
 
 @triton.jit
 def _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """_target_full_blocks transposed: keys in [c, the history's end), the window's full query blocks, and with a
-    bounded window only those below the targets (whose window starts at the history's end: query row h - shift)."""
+    """_target_full_blocks transposed: history keys (context keys too), the window's full query blocks of rows from
+    c on, and with a bounded window only those below the targets (whose window starts at the history's end: query
+    row h - shift)."""
     n, shift = _rows(seq, rule)
     c = rule.p[2]
     h = n - seq[2]
@@ -248,8 +249,9 @@ def _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr
     seq_t, rule_t = mirror(seq_w, rule_w)
     j_lo, j_hi = full_blocks(n0, lo, n_blocks, seq_t, rule_t, BLOCK_N, BLOCK_M)
     j_hi = tl.where(rule.p[0] < 1 << 30, tl.minimum(j_hi, tl.maximum(h - shift - lo, 0) // BLOCK_M), j_hi)
-    plain = (n0 >= c) & (k_last < h)
-    j_lo = tl.where(plain, j_lo, 0)
+    j_lo = tl.maximum(j_lo, tl.where(c - shift > lo, tl.cdiv(c - shift - lo, BLOCK_M), 0))  # no context row
+    plain = k_last < h
+    j_lo = tl.where(plain, tl.minimum(j_lo, n_blocks), 0)
     return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)
 
 

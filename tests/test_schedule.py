@@ -271,6 +271,7 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
                                                 BLOCK_N=block_n, TILES=tiles, LAST_ROWS=q_lens is not lens)
     for b, (lq, n, t) in enumerate(zip(q_lens, lens, targets)):
         mask = visible_mask(lq, n, window, 0, targets=(t, context))  # [lq, n]
+        shift = n - lq
         for tile in range(-(-lq // block_m)):  # query tiles: every row sees at least itself
             lo, hi, f_lo, f_hi = out[b, tile, :4].tolist()
             rows = slice(tile * block_m, (tile + 1) * block_m)
@@ -280,6 +281,10 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
             assert walk[keys].all(), (name, b, tile, lo, hi, keys.tolist())
             assert lo == int(keys.min()) // block_n * block_n and hi == int(keys.max()) + 1, (b, tile, lo, hi)
             assert mask[rows, lo + (f_lo - lo):f_hi].all(), (b, tile, f_lo, f_hi)
+            if tile * block_m + shift >= context and min((tile + 1) * block_m, lq) + shift <= n - t:
+                # rows in the history (past the context): no whole block they all see is left masked
+                whole = [k for k in range(lo, hi - block_n + 1, block_n) if mask[rows, k:k + block_n].all()]
+                assert all(f_lo <= k < f_hi for k in whole), (name, b, tile, f_lo, f_hi, whole)
         for tile in range(-(-n // block_m)):  # key tiles of the same size: the queries that see its keys
             pre, qlo, qhi, qf_lo, qf_hi = out[b, tile, 4:].tolist()
             rows = slice(tile * block_m, (tile + 1) * block_m)
@@ -295,6 +300,11 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
             inner = queries[queries >= max(qlo, pre)]
             assert qhi == int(queries.max()) + 1 and (not len(inner) or qlo == int(inner.min()) // block_n * block_n)
             assert mask[qf_lo:qf_hi, rows].all(), (b, tile, qf_lo, qf_hi)
+            if min((tile + 1) * block_m, n) <= n - t:  # history keys: the whole blocks of history rows that see them
+                top = lq if window < 0 else n - t - shift  # (a bounded window: the blocks below the targets)
+                whole = [m for m in range(max(qlo, pre), min(qhi, top) - block_n + 1, block_n)
+                         if m + shift >= context and mask[m:m + block_n, rows].all()]
+                assert all(qf_lo <= m < qf_hi for m in whole), (name, b, tile, qf_lo, qf_hi, whole)
 
 
 @pytest.mark.parametrize("name", list(TARGET_CASES))
