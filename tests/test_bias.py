@@ -109,13 +109,13 @@ def _time_buckets(bias, out, n, BLOCK: tl.constexpr):
     tl.store(out + j, te, mask=j < n)
 
 
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.interpreter),
+                                    pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("divisor,buckets", EDGE_CASES + [(DIVISOR, 0)])
-def test_kernels_time_buckets_are_the_specs_at_every_edge(divisor, buckets):
+def test_kernels_time_buckets_are_the_specs_at_every_edge(divisor, buckets, device):
     """The kernels' time bucket of a dt at each edge, one float32 below it and an integer either side of each
     equals the spec's (a float32 logarithm alone flips many of these: at edge 60 of 0.301, ln(dt) moves 1.5e-8
-    from one float32 to the next). On the GPU (its approximate log) where there is one, else in the
-    interpreter."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from one float32 to the next): in the interpreter and on the GPU (its own logarithm)."""
     edges = [e for e in rel.time_edges(buckets, divisor, torch.device("cpu")).tolist() if e < 2 ** 62]
     points = [int(x) for e in edges for x in (e, _below(e))]
     dt = torch.tensor(sorted({p + d for p in points for d in (-1, 0, 1)} | set(range(1, 64))), dtype=torch.int64)
