@@ -143,6 +143,12 @@ def _weights(s, state, n0, edges, tile, batch, score, s_cols: gl.constexpr, FIRS
     return p, state, alpha
 
 
+@constexpr_function
+def _turn_asm(WG, WAIT):
+    """_turn's instruction: consumer WG waits on named barrier 14 + WG, and arrives on the other's."""
+    return f"bar.sync {14 + WG}, 256; mov.b32 $0, $1;" if WAIT else f"bar.arrive {15 - WG}, 256; mov.b32 $0, $1;"
+
+
 @gluon.jit
 def _turn(WG: gl.constexpr, PINGPONG: gl.constexpr, WAIT: gl.constexpr):
     """FlashAttention-3's ping-pong: WAIT: consumer WG waits for its turn to issue a block's MMAs (named barrier
@@ -150,12 +156,8 @@ def _turn(WG: gl.constexpr, PINGPONG: gl.constexpr, WAIT: gl.constexpr):
     else it hands the turn to the other (arrives on the other's barrier), so that one consumer's weights phase runs
     beside the other's MMAs."""
     if PINGPONG:
-        zero = gl.to_tensor(0)
-        if WAIT == (WG == 0):  # wait on 14 / arrive on 14 for consumer 1
-            asm: gl.constexpr = "bar.sync 14, 256; mov.b32 $0, $1;" if WAIT else "bar.arrive 14, 256; mov.b32 $0, $1;"
-        else:
-            asm: gl.constexpr = "bar.sync 15, 256; mov.b32 $0, $1;" if WAIT else "bar.arrive 15, 256; mov.b32 $0, $1;"
-        gl.inline_asm_elementwise(asm, "=r,r", [zero], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise(_turn_asm(WG, WAIT), "=r,r", [gl.to_tensor(0)], dtype=gl.int32, is_pure=False,
+                                  pack=1)
 
 
 @gluon.jit
