@@ -112,9 +112,10 @@ def check(rel, q, k, broadcast: bool, self_attention: bool, scale: float) -> Opt
             raise ValueError("rel_bias.k_times is needed in cross-attention (it defaults to q_times in "
                              "self-attention only)")
         k_times = _times("k_times", k_times, k.shape[0], device)
+        # (at least 1e-3: the kernels' log2, within 2^-22 relative, then stays within 1/64 of ln(dt) / divisor)
         if not (isinstance(rel.time_divisor, (int, float)) and math.isfinite(rel.time_divisor)
-                and rel.time_divisor > 0):
-            raise ValueError(f"rel_bias.time_divisor must be a positive finite number, got {rel.time_divisor!r}")
+                and rel.time_divisor >= 1e-3):
+            raise ValueError(f"rel_bias.time_divisor must be a finite number >= 0.001, got {rel.time_divisor!r}")
     if position is None and time is None:
         return None
     return Tables(position, time, q_times, k_times, float(rel.time_divisor))
@@ -185,7 +186,7 @@ def matrix(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int, dtype, at=
 
 def group(t: Optional[Tables], scale: float, grads=None):
     """The kernels' bias group: None (no bias: the kernels compile as without one), or (position, its head stride,
-    P, time, its head stride, NB, q_times, k_times, 1 / time_divisor, 1 / scale, dposition, dtime, the time edges,
+    P, time, its head stride, NB, q_times, k_times, ln 2 / time_divisor, 1 / scale, dposition, dtime, the time edges,
     HAS_POSITION, HAS_TIME, HAS_GRADS)."""
     if t is None:
         return None
@@ -193,7 +194,7 @@ def group(t: Optional[Tables], scale: float, grads=None):
     dpos, dtim = grads if grads is not None else (None, None)
     group = (pos, 0 if pos is None else pos.stride(0), 0 if pos is None else (pos.shape[1] + 1) // 2,
              tim, 0 if tim is None else tim.stride(0), 0 if tim is None else tim.shape[1] - 1,
-             t.q_times, t.k_times, 1.0 / t.time_divisor, 1.0 / scale, dpos, dtim,
+             t.q_times, t.k_times, math.log(2) / t.time_divisor, 1.0 / scale, dpos, dtim,
              None if tim is None else time_edges(tim.shape[1] - 1, t.time_divisor, tim.device))
     # (a None inside a tuple fails to compile where the tuple is passed on: an absent entry is a constexpr 0, and
     # three constexpr flags say what is present: the position table, the time table, the gradients' buffers)
@@ -201,8 +202,22 @@ def group(t: Optional[Tables], scale: float, grads=None):
     return tuple(tl.constexpr(0) if x is None else x for x in group) + tuple(tl.constexpr(f) for f in flags)
 
 
+_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + _ROUND holds rint(x) in its low mantissa bits (|x| < 2**22)
+
+
 @triton.jit
-def _entries(bias, pairs):
+def _log2(x, FAST: tl.constexpr):
+    """log2 of positive float32s: MUFU.LG2 on the GPU (absolute error ~2^-22; Triton's log2 is libdevice's, ~20
+    instructions), Triton's in the interpreter, which runs no PTX."""
+    if FAST:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _entries(bias, pairs, FAST: tl.constexpr):
     """(position entry, time entry) of a block's pairs (see block)."""
     a, b, qi, kj, q_in, k_in = pairs
     pe = a - b  # (unused without a position table)
@@ -213,25 +228,28 @@ def _entries(bias, pairs):
     if bias[14]:  # (the times by row and by column; their difference by pair)
         qt = tl.load(bias[6] + qi, mask=q_in, other=0)
         kt = tl.load(bias[7] + kj, mask=k_in, other=0)
-        # float32's ln(dt) / divisor is within ~1e-5 of the exact value: right, except within 1/64 of an integer r,
-        # where the bucket is r or r - 1 as dt reaches edge r or not (time_edges: exact); those pairs alone load it
+        # x = log2(dt) ln2 / divisor is within ~1e-5 of ln(dt) / divisor (check bounds the divisor): floor(x) is
+        # right except within 1/64 of an integer r in [1, NB], where the bucket is r or r - 1 as dt reaches edge r or
+        # not (time_edges: exact); those pairs alone load it. rint and floor by _ROUND's bits: no conversion unit
         dt = tl.maximum(tl.abs(qt - kt), 1).to(tl.float32)
-        x = tl.log(dt) * bias[8]
-        r = tl.minimum(tl.maximum(tl.floor(x + 0.5), 1.0), tl.maximum(bias[5], 1) * 1.0).to(tl.int32)
-        near = tl.abs(x - r.to(tl.float32)) < 0.015625
-        edge = tl.load(bias[12] + r - 1, mask=near, other=0.0)
-        te = tl.minimum(tl.maximum(tl.floor(x), 0.0), bias[5] * 1.0).to(tl.int32)
-        te = tl.where(near, r - (dt < edge).to(tl.int32), te)
+        x = _log2(dt, FAST) * bias[8]
+        y = x + _ROUND
+        r = y - _ROUND
+        ri = y.to(tl.int32, bitcast=True) - 0x4B400000
+        near = (tl.abs(x - r) < 0.015625) & (ri >= 1) & (ri <= bias[5])
+        edge = tl.load(bias[12] + (ri - 1), mask=near, other=0.0)
+        te = ri - tl.where(near, dt < edge, x < r).to(tl.int32)
+        te = tl.minimum(tl.maximum(te, 0), bias[5])
     return pe, te
 
 
 @triton.jit
-def block(bias, i_h, pairs):
+def block(bias, i_h, pairs, FAST: tl.constexpr):
     """The bias of a block of pairs over the scale (what the kernels add to the raw scores q . k). pairs = (a, b, qi,
     kj, q_in, k_in): the queries' positions in their sequence, packed rows and existence on the query side of the
     block's shape, the keys' on the key side (each broadcast to the block: [M, 1] and [1, N], or transposed). Pairs
     outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
-    pe, te = _entries(bias, pairs)
+    pe, te = _entries(bias, pairs, FAST)
     if bias[13]:
         x = tl.load(bias[0] + i_h * bias[1] + pe)
         if bias[14]:
@@ -242,10 +260,10 @@ def block(bias, i_h, pairs):
 
 
 @triton.jit
-def add_grads(bias, i_h, pairs, ds):
+def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
     """The tables' gradients += ds (dL/dscore of the block's pairs) at the entries each pair reads (float32 atomics
     into [Hq, L] buffers: the order of the sums varies run to run)."""
-    pe, te = _entries(bias, pairs)
+    pe, te = _entries(bias, pairs, FAST)
     in_pairs = pairs[4] & pairs[5]
     if bias[13] and bias[15]:
         tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + pe, ds, mask=in_pairs, sem="relaxed")

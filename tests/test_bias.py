@@ -66,7 +66,7 @@ def test_the_spec_is_hstus_module():
 
 
 # the time buckets' edges: (divisor, buckets); the last case's top edges are past float32's largest
-EDGE_CASES = [(DIVISOR, 129), (1.0, 42), (0.05, 800), (2.0, 50)]
+EDGE_CASES = [(DIVISOR, 129), (1.0, 42), (0.05, 800), (2.0, 50), (0.001, 20000)]  # (0.001: the least divisor)
 
 
 def _below(x: float) -> float:
@@ -101,11 +101,11 @@ def test_time_edges_are_where_the_floor_of_the_log_steps(divisor, buckets):
 
 
 @triton.jit
-def _time_buckets(bias, out, n, BLOCK: tl.constexpr):
+def _time_buckets(bias, out, n, BLOCK: tl.constexpr, FAST: tl.constexpr):
     """The kernels' time bucket (bias._entries) of pairs (row 0, key j): q_times[0] - k_times[j] = the dt."""
     j = tl.arange(0, BLOCK)[None, :]
     i = tl.zeros([1, 1], dtype=tl.int32)
-    _, te = rel._entries(bias, (i, j, i, j, i == 0, j < n))
+    _, te = rel._entries(bias, (i, j, i, j, i == 0, j < n), FAST)
     tl.store(out + j, te, mask=j < n)
 
 
@@ -124,7 +124,8 @@ def test_kernels_time_buckets_are_the_specs_at_every_edge(divisor, buckets, devi
     tables = rel.check(jfa.RelativeBias(None, table, q_times, -dt.to(device), divisor), torch.zeros(1, 1, 8,
                        device=device), torch.zeros(dt.numel(), 1, 8, device=device), False, False, 1.0)
     got = torch.full((dt.numel(), ), -1, dtype=torch.int32, device=device)
-    _time_buckets[(1, )](rel.group(tables, 1.0), got, dt.numel(), BLOCK=triton.next_power_of_2(dt.numel()))
+    _time_buckets[(1, )](rel.group(tables, 1.0), got, dt.numel(), BLOCK=triton.next_power_of_2(dt.numel()),
+                         FAST=device == "cuda")
     _, want = rel.indices(1, dt.numel(), q_times.cpu(), -dt, 0, buckets + 1, divisor, "cpu")
     assert want[0].max() == len(edges)
     assert torch.equal(got.cpu().long(), want[0])
@@ -298,6 +299,8 @@ def test_bias_checks():
         call(jfa.RelativeBias(time=torch.zeros(5), q_times=ts.float()))
     with pytest.raises(ValueError, match="time_divisor"):
         call(jfa.RelativeBias(time=torch.zeros(5), q_times=ts, time_divisor=0.0))
+    with pytest.raises(ValueError, match="time_divisor"):  # (past what the kernels' float32 log decides: check)
+        call(jfa.RelativeBias(time=torch.zeros(5), q_times=ts, time_divisor=1e-4))
     with pytest.raises(ValueError, match="k_times is needed in cross-attention"):
         jfa.jagged_attention(q, q, q, off, off.clone(), rel_bias=jfa.RelativeBias(time=torch.zeros(5), q_times=ts))
     with pytest.raises(TypeError, match="jfa.RelativeBias"):
