@@ -159,15 +159,6 @@ def time_edges(buckets: int, divisor: float, device) -> torch.Tensor:
     return torch.tensor(edges or [math.inf], dtype=torch.float32, device=device)
 
 
-@functools.lru_cache(maxsize=64)
-def kernel_edges(buckets: int, divisor: float, device) -> torch.Tensor:
-    """The edges as the kernels read them, float32 [buckets + 2]: entry r is edge r (time_edges' r - 1) for r in [1,
-    buckets], -inf at 0 and inf at buckets + 1, so that a pair near an integer r reads entry min(r, buckets + 1)
-    and takes r - (dt < it) with no test of r's range (_entries)."""
-    inf = torch.tensor([math.inf], dtype=torch.float32, device=device)
-    return torch.cat([-inf, time_edges(buckets, divisor, device)[:buckets], inf])
-
-
 def entries(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int):
     """A sequence's (position entry, time entry) of each pair (indices' for its rows and times)."""
     lp = 0 if t.position is None else t.position.shape[1]
@@ -195,7 +186,7 @@ def matrix(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int, dtype, at=
 
 def group(t: Optional[Tables], scale: float, grads=None):
     """The kernels' bias group: None (no bias: the kernels compile as without one), or (position, its head stride,
-    P, time, its head stride, NB, q_times, k_times, ln 2 / time_divisor, 1 / scale, dposition, dtime, kernel_edges,
+    P, time, its head stride, NB, q_times, k_times, ln 2 / time_divisor, 1 / scale, dposition, dtime, the time edges,
     HAS_POSITION, HAS_TIME, HAS_GRADS)."""
     if t is None:
         return None
@@ -204,7 +195,7 @@ def group(t: Optional[Tables], scale: float, grads=None):
     group = (pos, 0 if pos is None else pos.stride(0), 0 if pos is None else (pos.shape[1] + 1) // 2,
              tim, 0 if tim is None else tim.stride(0), 0 if tim is None else tim.shape[1] - 1,
              t.q_times, t.k_times, math.log(2) / t.time_divisor, 1.0 / scale, dpos, dtim,
-             None if tim is None else kernel_edges(tim.shape[1] - 1, t.time_divisor, tim.device))
+             None if tim is None else time_edges(tim.shape[1] - 1, t.time_divisor, tim.device))
     # (a None inside a tuple fails to compile where the tuple is passed on: an absent entry is a constexpr 0, and
     # three constexpr flags say what is present: the position table, the time table, the gradients' buffers)
     flags = (pos is not None, tim is not None, grads is not None)
@@ -240,14 +231,13 @@ def _entries(bias, pairs, FAST: tl.constexpr):
         # x = log2(dt) ln2 / divisor is within ~1e-5 of ln(dt) / divisor (check bounds the divisor): floor(x) is
         # right except within 1/64 of an integer r in [1, NB], where the bucket is r or r - 1 as dt reaches edge r or
         # not (time_edges: exact); those pairs alone load it. rint and floor by _ROUND's bits: no conversion unit
-        # (float32(max(|dt|, 1)) taken as max(|float32(dt)|, 1): rounding to nearest is symmetric; no int64 compare)
-        dt = tl.maximum(tl.abs((qt - kt).to(tl.float32)), 1.0)
+        dt = tl.maximum(tl.abs(qt - kt), 1).to(tl.float32)
         x = _log2(dt, FAST) * bias[8]
         y = x + _ROUND
         r = y - _ROUND
         ri = y.to(tl.int32, bitcast=True) - 0x4B400000
-        near = tl.abs(x - r) < 0.015625
-        edge = tl.load(bias[12] + tl.minimum(ri, bias[5] + 1), mask=near, other=0.0)  # (kernel_edges: r in [0, NB + 1])
+        near = (tl.abs(x - r) < 0.015625) & (ri >= 1) & (ri <= bias[5])
+        edge = tl.load(bias[12] + (ri - 1), mask=near, other=0.0)
         te = ri - tl.where(near, dt < edge, x < r).to(tl.int32)
         te = tl.minimum(tl.maximum(te, 0), bias[5])
     return pe, te
