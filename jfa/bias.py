@@ -231,7 +231,8 @@ def _entries(bias, pairs, FAST: tl.constexpr):
         # x = log2(dt) ln2 / divisor is within ~1e-5 of ln(dt) / divisor (check bounds the divisor): floor(x) is
         # right except within 1/64 of an integer r in [1, NB], where the bucket is r or r - 1 as dt reaches edge r or
         # not (time_edges: exact); those pairs alone load it. rint and floor by _ROUND's bits: no conversion unit
-        dt = tl.maximum(tl.abs(qt - kt), 1).to(tl.float32)
+        # (float32(max(|dt|, 1)) taken as max(|float32(dt)|, 1): rounding to nearest is symmetric; no int64 compare)
+        dt = tl.maximum(tl.abs((qt - kt).to(tl.float32)), 1.0)
         x = _log2(dt, FAST) * bias[8]
         y = x + _ROUND
         r = y - _ROUND
