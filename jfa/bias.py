@@ -217,31 +217,52 @@ def _log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _entries(bias, pairs, FAST: tl.constexpr):
-    """(position entry, time entry) of a block's pairs (see block)."""
-    a, b, qi, kj, q_in, k_in = pairs
-    pe = a - b  # (unused without a position table)
-    if bias[13]:
-        P = bias[2]
-        pe = tl.minimum(tl.maximum(b - a, 1 - P), P - 1) + (P - 1)
-    te = pe
-    if bias[14]:  # (the times by row and by column; their difference by pair)
-        qt = tl.load(bias[6] + qi, mask=q_in, other=0)
-        kt = tl.load(bias[7] + kj, mask=k_in, other=0)
-        # x = log2(dt) ln2 / divisor is within ~1e-5 of ln(dt) / divisor (check bounds the divisor): floor(x) is
-        # right except within 1/64 of an integer r in [1, NB], where the bucket is r or r - 1 as dt reaches edge r or
-        # not (time_edges: exact); those pairs alone load it. rint and floor by _ROUND's bits: no conversion unit
-        # (float32(max(|dt|, 1)) taken as max(|float32(dt)|, 1): rounding to nearest is symmetric; no int64 compare)
-        dt = tl.maximum(tl.abs((qt - kt).to(tl.float32)), 1.0)
-        x = _log2(dt, FAST) * bias[8]
-        y = x + _ROUND
-        r = y - _ROUND
-        ri = y.to(tl.int32, bitcast=True) - 0x4B400000
-        near = (tl.abs(x - r) < 0.015625) & (ri >= 1) & (ri <= bias[5])
-        edge = tl.load(bias[12] + (ri - 1), mask=near, other=0.0)
-        te = ri - tl.where(near, dt < edge, x < r).to(tl.int32)
-        te = tl.minimum(tl.maximum(te, 0), bias[5])
-    return pe, te
+def _dt(qt, kt):
+    """A pair's time difference as the bucket takes it, float32(max(|qt - kt|, 1)) (as max(|float32(qt - kt)|, 1):
+    rounding to nearest is symmetric; no int64 compare)."""
+    return tl.maximum(tl.abs((qt - kt).to(tl.float32)), 1.0)
+
+
+@triton.jit
+def _bucket(dt, bias, FAST: tl.constexpr):
+    """The time bucket of differences dt (_dt), exactly time_edges' (int32)."""
+    # x = log2(dt) ln2 / divisor is within ~1e-5 of ln(dt) / divisor (check bounds the divisor): floor(x) is right
+    # except within 1/64 of an integer r in [1, NB], where the bucket is r or r - 1 as dt reaches edge r or not
+    # (time_edges: exact); those pairs alone load it. rint and floor by _ROUND's bits: no conversion unit
+    x = _log2(dt, FAST) * bias[8]
+    y = x + _ROUND
+    r = y - _ROUND
+    ri = y.to(tl.int32, bitcast=True) - 0x4B400000
+    near = (tl.abs(x - r) < 0.015625) & (ri >= 1) & (ri <= bias[5])
+    edge = tl.load(bias[12] + (ri - 1), mask=near, other=0.0)
+    te = ri - tl.where(near, dt < edge, x < r).to(tl.int32)
+    return tl.minimum(tl.maximum(te, 0), bias[5])
+
+
+@triton.jit
+def _position(bias, pairs):
+    """The position entry of a block's pairs (see block)."""
+    P = bias[2]
+    return tl.minimum(tl.maximum(pairs[1] - pairs[0], 1 - P), P - 1) + (P - 1)
+
+
+@triton.jit
+def _time_block(bias, pairs, FAST: tl.constexpr):
+    """(qt, kt, uniform, per query bucket): the queries' and keys' times, and whether every real query's pairs in
+    the block share one bucket, with that bucket. The block's keys span times [k_lo, k_hi]; a query before or after
+    all of them sees differences from its nearest key's to its farthest's, and buckets grow with the difference, so
+    where the two ends' agree every pair of that query has it: far from the diagonal a block's 64 keys are a sliver
+    of a logarithmic bucket, and the block takes one bucket a query, not one a pair."""
+    qt = tl.load(bias[6] + pairs[2], mask=pairs[4], other=0)
+    kt = tl.load(bias[7] + pairs[3], mask=pairs[5], other=0)
+    k_lo = tl.min(tl.min(tl.where(pairs[5], kt, 1 << 62), axis=1), axis=0)  # (no key: the ends meet no query)
+    k_hi = tl.max(tl.max(tl.where(pairs[5], kt, -(1 << 62)), axis=1), axis=0)
+    after = qt >= k_hi
+    near = _bucket(_dt(qt, tl.where(after, k_hi, k_lo)), bias, FAST)
+    far = _bucket(_dt(qt, tl.where(after, k_lo, k_hi)), bias, FAST)
+    same = ((after | (qt <= k_lo)) & (near == far)) | (pairs[4] == 0)
+    uniform = tl.min(tl.min(same.to(tl.int32), axis=1), axis=0) == 1
+    return qt, kt, uniform, near
 
 
 @triton.jit
@@ -250,23 +271,33 @@ def block(bias, i_h, pairs, FAST: tl.constexpr):
     kj, q_in, k_in): the queries' positions in their sequence, packed rows and existence on the query side of the
     block's shape, the keys' on the key side (each broadcast to the block: [M, 1] and [1, N], or transposed). Pairs
     outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
-    pe, te = _entries(bias, pairs, FAST)
-    if bias[13]:
-        x = tl.load(bias[0] + i_h * bias[1] + pe)
-        if bias[14]:
-            x += tl.load(bias[3] + i_h * bias[4] + te)
+    if bias[14]:
+        qt, kt, uniform, te_q = _time_block(bias, pairs, FAST)
+        if uniform:  # one time entry a query (see _time_block)
+            x, _ = tl.broadcast(tl.load(bias[3] + i_h * bias[4] + te_q), kt.to(tl.float32))
+        else:
+            x = tl.load(bias[3] + i_h * bias[4] + _bucket(_dt(qt, kt), bias, FAST))
+        if bias[13]:
+            x += tl.load(bias[0] + i_h * bias[1] + _position(bias, pairs))
     else:
-        x = tl.load(bias[3] + i_h * bias[4] + te)
+        x = tl.load(bias[0] + i_h * bias[1] + _position(bias, pairs))
     return x * bias[9]
 
 
 @triton.jit
 def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
     """The tables' gradients += ds (dL/dscore of the block's pairs) at the entries each pair reads (float32 atomics
-    into [Hq, L] buffers: the order of the sums varies run to run)."""
-    pe, te = _entries(bias, pairs, FAST)
+    into [Hq, L] buffers: the order of the sums varies run to run); a block whose queries each read one time entry
+    (_time_block) sums each query's pairs first, one atomic a query."""
     in_pairs = pairs[4] & pairs[5]
     if bias[13] and bias[15]:
-        tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + pe, ds, mask=in_pairs, sem="relaxed")
+        tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
     if bias[14] and bias[15]:
-        tl.atomic_add(bias[11] + i_h * (bias[5] + 1) + te, ds, mask=in_pairs, sem="relaxed")
+        qt, kt, uniform, te_q = _time_block(bias, pairs, FAST)
+        row = bias[11] + i_h * (bias[5] + 1)
+        if uniform:
+            KEYS: tl.constexpr = 1 if kt.shape[0] == 1 else 0  # (the keys' axis: pairs may come transposed)
+            tl.atomic_add(row + te_q, tl.sum(tl.where(in_pairs, ds, 0.0), axis=KEYS, keep_dims=True), mask=pairs[4],
+                          sem="relaxed")
+        else:
+            tl.atomic_add(row + _bucket(_dt(qt, kt), bias, FAST), ds, mask=in_pairs, sem="relaxed")

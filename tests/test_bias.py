@@ -102,10 +102,9 @@ def test_time_edges_are_where_the_floor_of_the_log_steps(divisor, buckets):
 
 @triton.jit
 def _time_buckets(bias, out, n, BLOCK: tl.constexpr, FAST: tl.constexpr):
-    """The kernels' time bucket (bias._entries) of pairs (row 0, key j): q_times[0] - k_times[j] = the dt."""
+    """The kernels' time bucket (bias._bucket) of pairs (row 0, key j): q_times[0] - k_times[j] = the dt."""
     j = tl.arange(0, BLOCK)[None, :]
-    i = tl.zeros([1, 1], dtype=tl.int32)
-    _, te = rel._entries(bias, (i, j, i, j, i == 0, j < n), FAST)
+    te = rel._bucket(rel._dt(tl.load(bias[6]), tl.load(bias[7] + j, mask=j < n, other=0)), bias, FAST)
     tl.store(out + j, te, mask=j < n)
 
 
@@ -129,6 +128,56 @@ def test_kernels_time_buckets_are_the_specs_at_every_edge(divisor, buckets, devi
     _, want = rel.indices(1, dt.numel(), q_times.cpu(), -dt, 0, buckets + 1, divisor, "cpu")
     assert want[0].max() == len(edges)
     assert torch.equal(got.cpu().long(), want[0])
+
+
+@triton.jit
+def _bias_block(bias, out, uniform, dtime, lq, lk, M: tl.constexpr, N: tl.constexpr, TRANSPOSED: tl.constexpr,
+                FAST: tl.constexpr):
+    """One block of pairs (queries [0, M), keys [0, N) of one sequence, head 0): rel.block's values into out [M, N],
+    whether its queries took one time entry each, and add_grads of ones into dtime (its pairs' count a bucket);
+    TRANSPOSED: the pairs as the dK/dV kernels pass them (keys on the rows)."""
+    if TRANSPOSED:
+        i = tl.arange(0, M)[None, :]
+        j = tl.arange(0, N)[:, None]
+    else:
+        i = tl.arange(0, M)[:, None]
+        j = tl.arange(0, N)[None, :]
+    pairs = (i + (lk - lq), j, i, j, i < lq, j < lk)
+    tl.store(out + i * N + j, rel.block(bias, 0, pairs, FAST))
+    _, _, one, _ = rel._time_block(bias, pairs, FAST)
+    tl.store(uniform, one.to(tl.int32))
+    rel.add_grads(bias, 0, pairs, tl.full(pairs[0].shape, 1.0, tl.float32) + 0.0 * j, FAST)
+
+
+# (query times, key times, whether each query's pairs share one bucket): keys a few seconds apart, queries days
+# later; keys a day apart; a query among the keys; keys beyond lk (masked) far from the rest; one query past lq
+BLOCK_CASES = {"one-bucket": ([10 ** 6 + 7 * t for t in range(8)], [1000 + t for t in range(16)], True),
+               "wide-keys": ([2 * 10 ** 6 + t for t in range(8)], [86400 * t for t in range(16)], False),
+               "query-among-keys": ([1000, 1008] + [10 ** 6] * 6, [1000 + t for t in range(16)], False),
+               "masked-keys-far": ([10 ** 6] * 8, [1000 + t for t in range(12)] + [10 ** 9] * 4, True)}
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["query-rows", "key-rows"])
+@pytest.mark.parametrize("name", list(BLOCK_CASES))
+def test_bias_block_takes_one_bucket_a_query_where_its_keys_allow(name, transposed):
+    """rel.block and rel.add_grads: a block whose every query sees its keys within one bucket takes one time entry
+    a query (and one atomic); the values and the time table's gradient are the spec's either way."""
+    q_times, k_times, one = BLOCK_CASES[name]
+    lq, lk = (7, 12) if name == "masked-keys-far" else (len(q_times), len(k_times))
+    g = torch.Generator().manual_seed(3)
+    pos, tim = torch.randn(2 * 16 - 1, generator=g), torch.randn(129, generator=g)  # (buckets past 40: none clamped)
+    qt, kt = torch.tensor(q_times), torch.tensor(k_times)
+    tables = rel.check(jfa.RelativeBias(pos, tim, qt, kt, DIVISOR), torch.zeros(8, 1, 8), torch.zeros(16, 1, 8), False,
+                       False, 0.5)
+    out, uniform = torch.zeros(8, 16), torch.zeros(1, dtype=torch.int32)
+    dpos, dtim = torch.zeros(1, 31), torch.zeros(1, 129)
+    group = rel.group(tables, 0.5, (dpos, dtim))
+    _bias_block[(1, )](group, out, uniform, dtim, lq, lk, M=8, N=16, TRANSPOSED=transposed, FAST=False)
+    assert bool(uniform.item()) == one
+    want = rel.matrix(tables, slice(0, lq), slice(0, lk), lq, lk, torch.float32)[0] / 0.5
+    torch.testing.assert_close(out[:lq, :lk], want, rtol=0, atol=1e-6)
+    _, te = rel.entries(tables, slice(0, lq), slice(0, lk), lq, lk)
+    assert torch.equal(dtim[0], torch.bincount(te.flatten(), minlength=129).float())
 
 
 def test_hstu_attention_with_the_bias_is_hstus_formula():
