@@ -248,21 +248,27 @@ def _position(bias, pairs):
 
 @triton.jit
 def _time_block(bias, pairs, FAST: tl.constexpr):
-    """(qt, kt, uniform, per query bucket): the queries' and keys' times, and whether every real query's pairs in
-    the block share one bucket, with that bucket. The block's keys span times [k_lo, k_hi]; a query before or after
-    all of them sees differences from its nearest key's to its farthest's, and buckets grow with the difference, so
-    where the two ends' agree every pair of that query has it: far from the diagonal a block's 64 keys are a sliver
-    of a logarithmic bucket, and the block takes one bucket a query, not one a pair."""
-    qt = tl.load(bias[6] + pairs[2], mask=pairs[4], other=0)
+    """(qt, kt, uniform, the queries' bucket, the keys' axis): the queries' and keys' times as the block's shape
+    takes them, and whether every real query's pairs in the block share one bucket, with that bucket per query (a
+    vector along the queries' axis). The block's keys span times [k_lo, k_hi]; a query before or after all of them
+    sees differences from its nearest key's to its farthest's, and buckets grow with the difference, so where the
+    two ends' agree every pair of that query has it: far from the diagonal a block's keys are a sliver of a
+    logarithmic bucket, and the block takes one bucket a query, not one a pair. (The per-query work is done on
+    vectors: a [M, 1] tensor in an MMA layout holds each row 8 times a thread.)"""
+    KEYS: tl.constexpr = 1 if pairs[3].shape[0] == 1 else 0  # (pairs may come transposed: the keys' axis)
     kt = tl.load(bias[7] + pairs[3], mask=pairs[5], other=0)
-    k_lo = tl.min(tl.min(tl.where(pairs[5], kt, 1 << 62), axis=1), axis=0)  # (no key: the ends meet no query)
-    k_hi = tl.max(tl.max(tl.where(pairs[5], kt, -(1 << 62)), axis=1), axis=0)
-    after = qt >= k_hi
-    near = _bucket(_dt(qt, tl.where(after, k_hi, k_lo)), bias, FAST)
-    far = _bucket(_dt(qt, tl.where(after, k_lo, k_hi)), bias, FAST)
-    same = ((after | (qt <= k_lo)) & (near == far)) | (pairs[4] == 0)
-    uniform = tl.min(tl.min(same.to(tl.int32), axis=1), axis=0) == 1
-    return qt, kt, uniform, near
+    q_in = tl.max(pairs[4].to(tl.int32), axis=KEYS) != 0  # (reductions over a length-1 axis: the vectors)
+    q1 = tl.load(bias[6] + tl.max(pairs[2], axis=KEYS), mask=q_in, other=0)
+    qt = tl.expand_dims(q1, KEYS)
+    k_in = tl.max(pairs[5].to(tl.int32), axis=1 - KEYS) != 0
+    k1 = tl.max(kt, axis=1 - KEYS)
+    k_lo = tl.min(tl.where(k_in, k1, 1 << 62), axis=0)  # (no key: the ends meet no query)
+    k_hi = tl.max(tl.where(k_in, k1, -(1 << 62)), axis=0)
+    after = q1 >= k_hi
+    near = _bucket(_dt(q1, tl.where(after, k_hi, k_lo)), bias, FAST)
+    far = _bucket(_dt(q1, tl.where(after, k_lo, k_hi)), bias, FAST)
+    same = ((after | (q1 <= k_lo)) & (near == far)) | (q_in == 0)
+    return qt, kt, tl.min(same.to(tl.int32), axis=0) == 1, near, KEYS
 
 
 @triton.jit
@@ -272,9 +278,9 @@ def block(bias, i_h, pairs, FAST: tl.constexpr):
     block's shape, the keys' on the key side (each broadcast to the block: [M, 1] and [1, N], or transposed). Pairs
     outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
     if bias[14]:
-        qt, kt, uniform, te_q = _time_block(bias, pairs, FAST)
+        qt, kt, uniform, te_q, KEYS = _time_block(bias, pairs, FAST)
         if uniform:  # one time entry a query (see _time_block)
-            x, _ = tl.broadcast(tl.load(bias[3] + i_h * bias[4] + te_q), kt.to(tl.float32))
+            x, _ = tl.broadcast(tl.expand_dims(tl.load(bias[3] + i_h * bias[4] + te_q), KEYS), pairs[3])
         else:
             x = tl.load(bias[3] + i_h * bias[4] + _bucket(_dt(qt, kt), bias, FAST))
         if bias[13]:
@@ -293,11 +299,9 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
     if bias[13] and bias[15]:
         tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
     if bias[14] and bias[15]:
-        qt, kt, uniform, te_q = _time_block(bias, pairs, FAST)
+        qt, kt, uniform, te_q, KEYS = _time_block(bias, pairs, FAST)
         row = bias[11] + i_h * (bias[5] + 1)
         if uniform:
-            KEYS: tl.constexpr = 1 if kt.shape[0] == 1 else 0  # (the keys' axis: pairs may come transposed)
-            tl.atomic_add(row + te_q, tl.sum(tl.where(in_pairs, ds, 0.0), axis=KEYS, keep_dims=True), mask=pairs[4],
-                          sem="relaxed")
+            tl.atomic_add(row + te_q, tl.sum(tl.where(in_pairs, ds, 0.0), axis=KEYS), sem="relaxed")
         else:
             tl.atomic_add(row + _bucket(_dt(qt, kt), bias, FAST), ds, mask=in_pairs, sem="relaxed")
