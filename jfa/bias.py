@@ -246,16 +246,21 @@ def _position(bias, pairs):
     return tl.minimum(tl.maximum(pairs[1] - pairs[0], 1 - P), P - 1) + (P - 1)
 
 
+@triton.constexpr_function
+def _keys_axis(key_shape):
+    """The keys' axis of a block of pairs, from the keys' operand's shape ([1, N], or [N, 1] transposed)."""
+    return 1 if key_shape[0] == 1 else 0
+
+
 @triton.jit
-def _time_block(bias, pairs, FAST: tl.constexpr):
-    """(qt, kt, uniform, the queries' bucket, the keys' axis): the queries' and keys' times as the block's shape
+def _time_block(bias, pairs, KEYS: tl.constexpr, FAST: tl.constexpr):
+    """(qt, kt, uniform, the queries' bucket): the queries' and keys' times as the block's shape
     takes them, and whether every real query's pairs in the block share one bucket, with that bucket per query (a
     vector along the queries' axis). The block's keys span times [k_lo, k_hi]; a query before or after all of them
     sees differences from its nearest key's to its farthest's, and buckets grow with the difference, so where the
     two ends' agree every pair of that query has it: far from the diagonal a block's keys are a sliver of a
     logarithmic bucket, and the block takes one bucket a query, not one a pair. (The per-query work is done on
     vectors: a [M, 1] tensor in an MMA layout holds each row 8 times a thread.)"""
-    KEYS: tl.constexpr = 1 if pairs[3].shape[0] == 1 else 0  # (pairs may come transposed: the keys' axis)
     kt = tl.load(bias[7] + pairs[3], mask=pairs[5], other=0)
     q_in = tl.max(pairs[4].to(tl.int32), axis=KEYS) != 0  # (reductions over a length-1 axis: the vectors)
     q1 = tl.load(bias[6] + tl.max(pairs[2], axis=KEYS), mask=q_in, other=0)
@@ -268,7 +273,7 @@ def _time_block(bias, pairs, FAST: tl.constexpr):
     near = _bucket(_dt(q1, tl.where(after, k_hi, k_lo)), bias, FAST)
     far = _bucket(_dt(q1, tl.where(after, k_lo, k_hi)), bias, FAST)
     same = ((after | (q1 <= k_lo)) & (near == far)) | (q_in == 0)
-    return qt, kt, tl.min(same.to(tl.int32), axis=0) == 1, near, KEYS
+    return qt, kt, tl.min(same.to(tl.int32), axis=0) == 1, near
 
 
 @triton.jit
@@ -278,7 +283,8 @@ def block(bias, i_h, pairs, FAST: tl.constexpr):
     block's shape, the keys' on the key side (each broadcast to the block: [M, 1] and [1, N], or transposed). Pairs
     outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
     if bias[14]:
-        qt, kt, uniform, te_q, KEYS = _time_block(bias, pairs, FAST)
+        KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
+        qt, kt, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
         if uniform:  # one time entry a query (see _time_block)
             x, _ = tl.broadcast(tl.expand_dims(tl.load(bias[3] + i_h * bias[4] + te_q), KEYS), pairs[3])
         else:
@@ -299,7 +305,8 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
     if bias[13] and bias[15]:
         tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
     if bias[14] and bias[15]:
-        qt, kt, uniform, te_q, KEYS = _time_block(bias, pairs, FAST)
+        KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
+        qt, kt, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
         row = bias[11] + i_h * (bias[5] + 1)
         if uniform:
             tl.atomic_add(row + te_q, tl.sum(tl.where(in_pairs, ds, 0.0), axis=KEYS), sem="relaxed")
