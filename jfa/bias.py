@@ -254,26 +254,31 @@ def _keys_axis(key_shape):
 
 @triton.jit
 def _time_block(bias, pairs, KEYS: tl.constexpr, FAST: tl.constexpr):
-    """(qt, kt, uniform, the queries' bucket): the queries' and keys' times as the block's shape
-    takes them, and whether every real query's pairs in the block share one bucket, with that bucket per query (a
-    vector along the queries' axis). The block's keys span times [k_lo, k_hi]; a query before or after all of them
-    sees differences from its nearest key's to its farthest's, and buckets grow with the difference, so where the
-    two ends' agree every pair of that query has it: far from the diagonal a block's keys are a sliver of a
-    logarithmic bucket, and the block takes one bucket a query, not one a pair. (The per-query work is done on
-    vectors: a [M, 1] tensor in an MMA layout holds each row 8 times a thread.)"""
-    kt = tl.load(bias[7] + pairs[3], mask=pairs[5], other=0)
+    """(the queries' times, uniform, their bucket), each query's a vector along the queries' axis, and whether every
+    real query's pairs in the block share one bucket. The block's keys span times [k_lo, k_hi]; a query before or
+    after all of them sees differences from its nearest key's to its farthest's, and buckets grow with the
+    difference, so where the two ends' agree every pair of that query has it: far from the diagonal a block's keys
+    are a sliver of a logarithmic bucket, and the block takes one bucket a query, not one a pair. (The per-query
+    work is done on vectors: a [M, 1] tensor in an MMA layout holds each row 8 times a thread; and the keys' times
+    are loaded here with their own cache hint, so that the per-pair path loads them again rather than keep 16
+    int64 columns live across the branch: they spilled inside the loop.)"""
     q_in = tl.max(pairs[4].to(tl.int32), axis=KEYS) != 0  # (reductions over a length-1 axis: the vectors)
     q1 = tl.load(bias[6] + tl.max(pairs[2], axis=KEYS), mask=q_in, other=0)
-    qt = tl.expand_dims(q1, KEYS)
     k_in = tl.max(pairs[5].to(tl.int32), axis=1 - KEYS) != 0
-    k1 = tl.max(kt, axis=1 - KEYS)
+    k1 = tl.load(bias[7] + tl.max(pairs[3], axis=1 - KEYS), mask=k_in, other=0, cache_modifier=".ca")
     k_lo = tl.min(tl.where(k_in, k1, 1 << 62), axis=0)  # (no key: the ends meet no query)
     k_hi = tl.max(tl.where(k_in, k1, -(1 << 62)), axis=0)
     after = q1 >= k_hi
     near = _bucket(_dt(q1, tl.where(after, k_hi, k_lo)), bias, FAST)
     far = _bucket(_dt(q1, tl.where(after, k_lo, k_hi)), bias, FAST)
     same = ((after | (q1 <= k_lo)) & (near == far)) | (q_in == 0)
-    return qt, kt, tl.min(same.to(tl.int32), axis=0) == 1, near
+    return q1, tl.min(same.to(tl.int32), axis=0) == 1, near
+
+
+@triton.jit
+def _pair_buckets(bias, pairs, q1, KEYS: tl.constexpr, FAST: tl.constexpr):
+    """Each pair's time bucket (the queries' times q1 from _time_block)."""
+    return _bucket(_dt(tl.expand_dims(q1, KEYS), tl.load(bias[7] + pairs[3], mask=pairs[5], other=0)), bias, FAST)
 
 
 @triton.jit
@@ -284,11 +289,11 @@ def block(bias, i_h, pairs, FAST: tl.constexpr):
     outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
     if bias[14]:
         KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
-        qt, kt, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
+        q1, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
         if uniform:  # one time entry a query (see _time_block)
             x, _ = tl.broadcast(tl.expand_dims(tl.load(bias[3] + i_h * bias[4] + te_q), KEYS), pairs[3])
         else:
-            x = tl.load(bias[3] + i_h * bias[4] + _bucket(_dt(qt, kt), bias, FAST))
+            x = tl.load(bias[3] + i_h * bias[4] + _pair_buckets(bias, pairs, q1, KEYS, FAST))
         if bias[13]:
             x += tl.load(bias[0] + i_h * bias[1] + _position(bias, pairs))
     else:
@@ -306,9 +311,9 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
         tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
     if bias[14] and bias[15]:
         KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
-        qt, kt, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
+        q1, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
         row = bias[11] + i_h * (bias[5] + 1)
         if uniform:
             tl.atomic_add(row + te_q, tl.sum(tl.where(in_pairs, ds, 0.0), axis=KEYS), sem="relaxed")
         else:
-            tl.atomic_add(row + _bucket(_dt(qt, kt), bias, FAST), ds, mask=in_pairs, sem="relaxed")
+            tl.atomic_add(row + _pair_buckets(bias, pairs, q1, KEYS, FAST), ds, mask=in_pairs, sem="relaxed")

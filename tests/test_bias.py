@@ -144,7 +144,7 @@ def _bias_block(bias, out, uniform, dtime, lq, lk, M: tl.constexpr, N: tl.conste
         j = tl.arange(0, N)[None, :]
     pairs = (i + (lk - lq), j, i, j, i < lq, j < lk)
     tl.store(out + i * N + j, rel.block(bias, 0, pairs, FAST))
-    _, _, one, _ = rel._time_block(bias, pairs, 0 if TRANSPOSED else 1, FAST)
+    _, one, _ = rel._time_block(bias, pairs, 0 if TRANSPOSED else 1, FAST)
     tl.store(uniform, one.to(tl.int32))
     rel.add_grads(bias, 0, pairs, tl.full(pairs[0].shape, 1.0, tl.float32) + 0.0 * j, FAST)
 
