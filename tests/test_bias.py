@@ -108,13 +108,17 @@ def _time_buckets(bias, out, n, BLOCK: tl.constexpr, FAST: tl.constexpr):
     tl.store(out + j, te, mask=j < n)
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.interpreter),
-                                    pytest.param("cuda", marks=pytest.mark.gpu)])
+# the kernel tests' two runs: Triton's interpreter (exact logarithm), the GPU (MUFU.LG2: jfa.bias._log2's FAST)
+ON_DEVICES = pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.interpreter),
+                                                pytest.param("cuda", marks=pytest.mark.gpu)])
+
+
+@ON_DEVICES
 @pytest.mark.parametrize("divisor,buckets", EDGE_CASES + [(DIVISOR, 0)])
 def test_kernels_time_buckets_are_the_specs_at_every_edge(divisor, buckets, device):
     """The kernels' time bucket of a dt at each edge, one float32 below it and an integer either side of each
     equals the spec's (a float32 logarithm alone flips many of these: at edge 60 of 0.301, ln(dt) moves 1.5e-8
-    from one float32 to the next): in the interpreter and on the GPU (its own logarithm)."""
+    from one float32 to the next)."""
     edges = [e for e in rel.time_edges(buckets, divisor, torch.device("cpu")).tolist() if e < 2 ** 62]
     points = [int(x) for e in edges for x in (e, _below(e))]
     dt = torch.tensor(sorted({p + d for p in points for d in (-1, 0, 1)} | set(range(1, 64))), dtype=torch.int64)
@@ -157,27 +161,28 @@ BLOCK_CASES = {"one-bucket": ([10 ** 6 + 7 * t for t in range(8)], [1000 + t for
                "masked-keys-far": ([10 ** 6] * 8, [1000 + t for t in range(12)] + [10 ** 9] * 4, True)}
 
 
+@ON_DEVICES
 @pytest.mark.parametrize("transposed", [False, True], ids=["query-rows", "key-rows"])
 @pytest.mark.parametrize("name", list(BLOCK_CASES))
-def test_bias_block_takes_one_bucket_a_query_where_its_keys_allow(name, transposed):
+def test_bias_block_takes_one_bucket_a_query_where_its_keys_allow(name, transposed, device):
     """rel.block and rel.add_grads: a block whose every query sees its keys within one bucket takes one time entry
     a query (and one atomic); the values and the time table's gradient are the spec's either way."""
     q_times, k_times, one = BLOCK_CASES[name]
     lq, lk = (7, 12) if name == "masked-keys-far" else (len(q_times), len(k_times))
     g = torch.Generator().manual_seed(3)
     pos, tim = torch.randn(2 * 16 - 1, generator=g), torch.randn(129, generator=g)  # (buckets past 40: none clamped)
-    qt, kt = torch.tensor(q_times), torch.tensor(k_times)
-    tables = rel.check(jfa.RelativeBias(pos, tim, qt, kt, DIVISOR), torch.zeros(8, 1, 8), torch.zeros(16, 1, 8), False,
-                       False, 0.5)
-    out, uniform = torch.zeros(8, 16), torch.zeros(1, dtype=torch.int32)
-    dpos, dtim = torch.zeros(1, 31), torch.zeros(1, 129)
+    pos, tim, qt, kt = (x.to(device) for x in (pos, tim, torch.tensor(q_times), torch.tensor(k_times)))
+    tables = rel.check(jfa.RelativeBias(pos, tim, qt, kt, DIVISOR), torch.zeros(8, 1, 8, device=device),
+                       torch.zeros(16, 1, 8, device=device), False, False, 0.5)
+    out, uniform = torch.zeros(8, 16, device=device), torch.zeros(1, dtype=torch.int32, device=device)
+    dpos, dtim = torch.zeros(1, 31, device=device), torch.zeros(1, 129, device=device)
     group = rel.group(tables, 0.5, (dpos, dtim))
-    _bias_block[(1, )](group, out, uniform, dtim, lq, lk, M=8, N=16, TRANSPOSED=transposed, FAST=False)
+    _bias_block[(1, )](group, out, uniform, dtim, lq, lk, M=8, N=16, TRANSPOSED=transposed, FAST=device == "cuda")
     assert bool(uniform.item()) == one
     want = rel.matrix(tables, slice(0, lq), slice(0, lk), lq, lk, torch.float32)[0] / 0.5
     torch.testing.assert_close(out[:lq, :lk], want, rtol=0, atol=1e-6)
     _, te = rel.entries(tables, slice(0, lq), slice(0, lk), lq, lk)
-    assert torch.equal(dtim[0], torch.bincount(te.flatten(), minlength=129).float())
+    assert torch.equal(dtim[0].cpu(), torch.bincount(te.flatten().cpu(), minlength=129).float())
 
 
 def test_hstu_attention_with_the_bias_is_hstus_formula():
