@@ -301,6 +301,35 @@ def block(bias, i_h, pairs, FAST: tl.constexpr):
     return x * bias[9]
 
 
+@triton.constexpr_function
+def _by_diagonals(keys_axis, M, N):
+    """Whether add_grads sums a block's position gradient by diagonals (_add_diagonal_sums): queries on the rows,
+    8-row and 8-column groups, tl.dot's dimensions (at least 16)."""
+    return keys_axis == 1 and M % 8 == 0 and N % 8 == 0 and M * N >= 16 * 64
+
+
+@triton.jit
+def _add_diagonal_sums(dst, x, M: tl.constexpr, N: tl.constexpr):
+    """dst[t] += the sum of x's diagonal j - i = t (x: [M, N] float32; t from 1 - M to N - 1): two small matmuls and
+    one atomic per (8-row, 8-column) diagonal pair, ~(M / 8 + N / 8 - 1) x 15 of them, where a pair each took one
+    (M N: 4,096 at 64 x 64, most on a few addresses). With i = 8a + b and j = 8c + e, j - i = 8 (c - a) + (e - b):
+    first each 8 x 8 group's 15 diagonals (e - b), then the groups' diagonals (c - a), both as one-hot products."""
+    A: tl.constexpr = M // 8
+    C: tl.constexpr = N // 8
+    G: tl.constexpr = triton.next_power_of_2(A + C - 1)  # (the groups' diagonals, padded for tl.dot)
+    x = tl.reshape(tl.permute(tl.reshape(x, (A, 8, C, 8)), (0, 2, 1, 3)), (A * C, 64))  # [(a, c), (b, e)]
+    be = tl.arange(0, 64)
+    inner = (((be % 8) - (be // 8) + 7)[:, None] == tl.arange(0, 16)[None, :]).to(tl.float32)  # (b, e) -> e - b + 7
+    r = tl.dot(x, inner, input_precision="ieee")  # [(a, c), 16]
+    r = tl.reshape(tl.permute(tl.reshape(r, (A, C, 16)), (2, 0, 1)), (16, A * C))  # [e - b + 7, (a, c)]
+    ac = tl.arange(0, A * C)
+    outer = (((ac % C) - (ac // C) + A - 1)[:, None] == tl.arange(0, G)[None, :]).to(tl.float32)  # c - a + A - 1
+    s = tl.dot(r, outer, input_precision="ieee")  # [e - b + 7, c - a + A - 1]
+    t = tl.arange(0, 16)[:, None]
+    g = tl.arange(0, G)[None, :]
+    tl.atomic_add(dst + 8 * (g - (A - 1)) + (t - 7), s, mask=(t < 15) & (g < A + C - 1), sem="relaxed")
+
+
 @triton.jit
 def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
     """The tables' gradients += ds (dL/dscore of the block's pairs) at the entries each pair reads (float32 atomics
@@ -308,7 +337,22 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
     (_time_block) sums each query's pairs first, one atomic a query."""
     in_pairs = pairs[4] & pairs[5]
     if bias[13] and bias[15]:
-        tl.atomic_add(bias[10] + i_h * (2 * bias[2] - 1) + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
+        dpos = bias[10] + i_h * (2 * bias[2] - 1)
+        M: tl.constexpr = ds.shape[0]
+        N: tl.constexpr = ds.shape[1]
+        if _by_diagonals(_keys_axis(pairs[3].shape), M, N):
+            P = bias[2]
+            a = tl.max(pairs[0], axis=1)  # (the queries' and keys' positions: consecutive, as every kernel's blocks)
+            b = tl.max(pairs[1], axis=0)
+            lo = tl.min(b, axis=0) - tl.max(a, axis=0)
+            hi = tl.max(b, axis=0) - tl.min(a, axis=0)
+            if (lo >= 1 - P) & (hi <= P - 1):  # no entry clamped: the block's diagonals are consecutive entries
+                _add_diagonal_sums(dpos + (tl.min(b, axis=0) - tl.min(a, axis=0) + P - 1),
+                                   tl.where(in_pairs, ds, 0.0), M, N)
+            else:
+                tl.atomic_add(dpos + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
+        else:
+            tl.atomic_add(dpos + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
     if bias[14] and bias[15]:
         KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
         q1, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)

@@ -185,6 +185,46 @@ def test_bias_block_takes_one_bucket_a_query_where_its_keys_allow(name, transpos
     assert torch.equal(dtim[0].cpu(), torch.bincount(te.flatten().cpu(), minlength=129).float())
 
 
+@triton.jit
+def _position_grads(bias, ds, a0, b0, lq, lk, M: tl.constexpr, N: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """rel.add_grads of one block of ds [M, N] (queries at positions a0 + i, keys at b0 + j; pairs past lq, lk
+    masked), pairs as the dQ pass passes them, or transposed as the dK/dV kernels do."""
+    i = tl.arange(0, M)[:, None]
+    j = tl.arange(0, N)[None, :]
+    x = tl.load(ds + i * N + j)
+    if TRANSPOSED:
+        i = tl.arange(0, M)[None, :]
+        j = tl.arange(0, N)[:, None]
+        x = tl.trans(x)
+    rel.add_grads(bias, 0, (a0 + i, b0 + j, i, j, i < lq, j < lk), x, False)
+
+
+# (P, first query's and key's positions, lq, lk): diagonals inside the table; clamped ones; padding rows and keys
+DIAGONAL_CASES = {"inside": (100, 40, 10, 32, 64), "clamped": (20, 40, 0, 32, 64), "masked": (100, 0, 30, 27, 50)}
+
+
+@ON_DEVICES
+@pytest.mark.parametrize("transposed", [False, True], ids=["query-rows", "key-rows"])
+@pytest.mark.parametrize("name", list(DIAGONAL_CASES))
+def test_position_gradient_by_diagonals_is_the_pairs_sum(name, transposed, device):
+    """rel.add_grads's position gradient (summed by diagonals where the block allows, else a pair at a time) equals
+    the sum of ds over the pairs reading each entry."""
+    P, a0, b0, lq, lk = DIAGONAL_CASES[name]
+    g = torch.Generator().manual_seed(4)
+    ds = torch.randn(32, 64, generator=g).to(device)
+    pos = torch.zeros(2 * P - 1, device=device)
+    tables = rel.check(jfa.RelativeBias(pos), torch.zeros(1, 1, 8, device=device), torch.zeros(1, 1, 8,
+                       device=device), False, False, 1.0)
+    dpos = torch.zeros(1, 2 * P - 1, device=device)
+    _position_grads[(1, )](rel.group(tables, 1.0, (dpos, None)), ds, a0, b0, lq, lk, M=32, N=64,
+                           TRANSPOSED=transposed)
+    i, j = torch.arange(32).view(-1, 1), torch.arange(64).view(1, -1)
+    entry = ((b0 + j) - (a0 + i)).clamp(1 - P, P - 1) + P - 1
+    keep = (i < lq) & (j < lk)
+    want = torch.zeros(2 * P - 1, dtype=torch.float64).index_add_(0, entry[keep], ds.cpu().double()[keep])
+    torch.testing.assert_close(dpos[0].cpu().double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_hstu_attention_with_the_bias_is_hstus_formula():
     """jfa's silu attention with HSTU's bias = HSTU's padded formula silu(alpha q.k + bias) / N with its module's bias
     (full-length sequences, causal), forward and the tables' gradients."""
