@@ -254,14 +254,16 @@ def _keys_axis(key_shape):
 
 @triton.jit
 def _time_block(bias, pairs, KEYS: tl.constexpr, FAST: tl.constexpr):
-    """(the queries' times, uniform, their bucket), each query's a vector along the queries' axis, and whether every
-    real query's pairs in the block share one bucket. The block's keys span times [k_lo, k_hi]; a query before or
-    after all of them sees differences from its nearest key's to its farthest's, and buckets grow with the
-    difference, so where the two ends' agree every pair of that query has it: far from the diagonal a block's keys
-    are a sliver of a logarithmic bucket, and the block takes one bucket a query, not one a pair. (The per-query
-    work is done on vectors: a [M, 1] tensor in an MMA layout holds each row 8 times a thread; and the keys' times
-    are loaded here with their own cache hint, so that the per-pair path loads them again rather than keep 16
-    int64 columns live across the branch: they spilled inside the loop.)"""
+    """(the queries' times, split, their first bucket, their cut), the vectors along the queries' axis, and whether
+    every real query's pairs in the block lie in at most two buckets: its first, and the next from the cut (the next
+    bucket's edge; inf for none) on. The block's keys span times [k_lo, k_hi]; a query before or after all of them
+    sees differences from its nearest key's to its farthest's, and buckets grow with the difference: where the two
+    ends' buckets are equal or adjacent, a pair's bucket is one compare of its difference with the cut. Far from the
+    diagonal a block's keys are a sliver of a logarithmic bucket: the block takes two gathers a query and a compare
+    a pair, not a logarithm, an edge test and a gather a pair. (The per-query work is done on vectors: a [M, 1]
+    tensor in an MMA layout holds each row 8 times a thread; the keys' times are loaded here with their own cache
+    hint, so that the per-pair path loads them again rather than keep 16 int64 columns live across the branch:
+    they spilled inside the loop.)"""
     q_in = tl.max(pairs[4].to(tl.int32), axis=KEYS) != 0  # (reductions over a length-1 axis: the vectors)
     q1 = tl.load(bias[6] + tl.max(pairs[2], axis=KEYS), mask=q_in, other=0)
     k_in = tl.max(pairs[5].to(tl.int32), axis=1 - KEYS) != 0
@@ -271,14 +273,27 @@ def _time_block(bias, pairs, KEYS: tl.constexpr, FAST: tl.constexpr):
     after = q1 >= k_hi
     near = _bucket(_dt(q1, tl.where(after, k_hi, k_lo)), bias, FAST)
     far = _bucket(_dt(q1, tl.where(after, k_lo, k_hi)), bias, FAST)
-    same = ((after | (q1 <= k_lo)) & (near == far)) | (q_in == 0)
-    return q1, tl.min(same.to(tl.int32), axis=0) == 1, near
+    # (time_edges: bucket >= far exactly where float32(dt) >= its entry far - 1; every edge is at least 2)
+    cut = tl.load(bias[12] + (far - 1), mask=far > near, other=float("inf"))
+    ok = ((after | (q1 <= k_lo)) & (far - near <= 1)) | (q_in == 0)
+    return q1, tl.min(ok.to(tl.int32), axis=0) == 1, near, cut
+
+
+@triton.jit
+def _key_times(bias, pairs):
+    return tl.load(bias[7] + pairs[3], mask=pairs[5], other=0)
+
+
+@triton.jit
+def _past_cut(q1, kt, cut, KEYS: tl.constexpr):
+    """Whether each pair's difference reaches its query's cut (float32(|dt|): max(., 1) is not needed, cuts >= 2)."""
+    return tl.abs((tl.expand_dims(q1, KEYS) - kt).to(tl.float32)) >= tl.expand_dims(cut, KEYS)
 
 
 @triton.jit
 def _pair_buckets(bias, pairs, q1, KEYS: tl.constexpr, FAST: tl.constexpr):
     """Each pair's time bucket (the queries' times q1 from _time_block)."""
-    return _bucket(_dt(tl.expand_dims(q1, KEYS), tl.load(bias[7] + pairs[3], mask=pairs[5], other=0)), bias, FAST)
+    return _bucket(_dt(tl.expand_dims(q1, KEYS), _key_times(bias, pairs)), bias, FAST)
 
 
 @triton.jit
@@ -289,11 +304,14 @@ def block(bias, i_h, pairs, FAST: tl.constexpr):
     outside get a finite value (the entries are clamped into the tables): the kernels' masks hide them."""
     if bias[14]:
         KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
-        q1, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
-        if uniform:  # one time entry a query (see _time_block)
-            x, _ = tl.broadcast(tl.expand_dims(tl.load(bias[3] + i_h * bias[4] + te_q), KEYS), pairs[3])
+        q1, split, first, cut = _time_block(bias, pairs, KEYS, FAST)
+        table = bias[3] + i_h * bias[4]
+        if split:  # two time entries a query, a compare a pair (see _time_block)
+            x = tl.where(_past_cut(q1, _key_times(bias, pairs), cut, KEYS),
+                         tl.expand_dims(tl.load(table + tl.minimum(first + 1, bias[5])), KEYS),
+                         tl.expand_dims(tl.load(table + first), KEYS))
         else:
-            x = tl.load(bias[3] + i_h * bias[4] + _pair_buckets(bias, pairs, q1, KEYS, FAST))
+            x = tl.load(table + _pair_buckets(bias, pairs, q1, KEYS, FAST))
         if bias[13]:
             x += tl.load(bias[0] + i_h * bias[1] + _position(bias, pairs))
     else:
@@ -333,8 +351,8 @@ def _add_diagonal_sums(dst, x, M: tl.constexpr, N: tl.constexpr):
 @triton.jit
 def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
     """The tables' gradients += ds (dL/dscore of the block's pairs) at the entries each pair reads (float32 atomics
-    into [Hq, L] buffers: the order of the sums varies run to run); a block whose queries each read one time entry
-    (_time_block) sums each query's pairs first, one atomic a query."""
+    into [Hq, L] buffers: the order of the sums varies run to run); a block whose queries each read at most two time
+    entries (_time_block) sums each query's pairs first, and its position gradient by diagonals where it can."""
     in_pairs = pairs[4] & pairs[5]
     if bias[13] and bias[15]:
         dpos = bias[10] + i_h * (2 * bias[2] - 1)
@@ -355,9 +373,12 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
             tl.atomic_add(dpos + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
     if bias[14] and bias[15]:
         KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
-        q1, uniform, te_q = _time_block(bias, pairs, KEYS, FAST)
+        q1, split, first, cut = _time_block(bias, pairs, KEYS, FAST)
         row = bias[11] + i_h * (bias[5] + 1)
-        if uniform:
-            tl.atomic_add(row + te_q, tl.sum(tl.where(in_pairs, ds, 0.0), axis=KEYS), sem="relaxed")
+        if split:  # each query's pairs summed on either side of its cut: two atomics a query at most
+            past = _past_cut(q1, _key_times(bias, pairs), cut, KEYS)
+            tl.atomic_add(row + first, tl.sum(tl.where(in_pairs & ~past, ds, 0.0), axis=KEYS), sem="relaxed")
+            tl.atomic_add(row + tl.minimum(first + 1, bias[5]), tl.sum(tl.where(in_pairs & past, ds, 0.0), axis=KEYS),
+                          mask=cut < float("inf"), sem="relaxed")
         else:
             tl.atomic_add(row + _pair_buckets(bias, pairs, q1, KEYS, FAST), ds, mask=in_pairs, sem="relaxed")

@@ -148,14 +148,18 @@ def _bias_block(bias, out, uniform, dtime, lq, lk, M: tl.constexpr, N: tl.conste
         j = tl.arange(0, N)[None, :]
     pairs = (i + (lk - lq), j, i, j, i < lq, j < lk)
     tl.store(out + i * N + j, rel.block(bias, 0, pairs, FAST))
-    _, one, _ = rel._time_block(bias, pairs, 0 if TRANSPOSED else 1, FAST)
+    _, one, _, _ = rel._time_block(bias, pairs, 0 if TRANSPOSED else 1, FAST)
     tl.store(uniform, one.to(tl.int32))
     rel.add_grads(bias, 0, pairs, tl.full(pairs[0].shape, 1.0, tl.float32) + 0.0 * j, FAST)
 
 
-# (query times, key times, whether each query's pairs share one bucket): keys a few seconds apart, queries days
-# later; keys a day apart; a query among the keys; keys beyond lk (masked) far from the rest; one query past lq
+# bucket 46's edge (0.301): queries whose keys' differences reach it or stop short of it
+_E46 = int(rel.time_edges(128, DIVISOR, torch.device("cpu"))[45])
+# (query times, key times, whether each query's pairs lie in at most two adjacent buckets): keys a few seconds apart,
+# queries days later; the same across an edge; keys a day apart; a query among the keys; keys beyond lk (masked)
+# far from the rest, and one query past lq
 BLOCK_CASES = {"one-bucket": ([10 ** 6 + 7 * t for t in range(8)], [1000 + t for t in range(16)], True),
+               "one-edge": ([1000 + _E46 + 3 * t - 12 for t in range(8)], [1000 + t for t in range(16)], True),
                "wide-keys": ([2 * 10 ** 6 + t for t in range(8)], [86400 * t for t in range(16)], False),
                "query-among-keys": ([1000, 1008] + [10 ** 6] * 6, [1000 + t for t in range(16)], False),
                "masked-keys-far": ([10 ** 6] * 8, [1000 + t for t in range(12)] + [10 ** 9] * 4, True)}
@@ -164,9 +168,10 @@ BLOCK_CASES = {"one-bucket": ([10 ** 6 + 7 * t for t in range(8)], [1000 + t for
 @ON_DEVICES
 @pytest.mark.parametrize("transposed", [False, True], ids=["query-rows", "key-rows"])
 @pytest.mark.parametrize("name", list(BLOCK_CASES))
-def test_bias_block_takes_one_bucket_a_query_where_its_keys_allow(name, transposed, device):
-    """rel.block and rel.add_grads: a block whose every query sees its keys within one bucket takes one time entry
-    a query (and one atomic); the values and the time table's gradient are the spec's either way."""
+def test_bias_block_takes_two_buckets_a_query_where_its_keys_allow(name, transposed, device):
+    """rel.block and rel.add_grads: a block whose every query sees its keys within two adjacent buckets takes two
+    time entries a query and a compare a pair (and two atomics a query); the values and the time table's gradient
+    are the spec's either way."""
     q_times, k_times, one = BLOCK_CASES[name]
     lq, lk = (7, 12) if name == "masked-keys-far" else (len(q_times), len(k_times))
     g = torch.Generator().manual_seed(3)
