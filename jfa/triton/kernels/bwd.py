@@ -53,7 +53,7 @@ def _dkdv_blocks(dk, dv, b_k, b_v, qdo, rows, offs_n, start, end, seq, rule, sco
         if bias is not None:
             pairs = (o_m[None, :] + (seq[1] - seq[0]), offs_n[:, None], at[1] + o_m[None, :], at[2] + offs_n[:, None],
                      (o_m < seq[0])[None, :], (offs_n < seq[1])[:, None])  # (transposed: keys first)
-            b_st += rel.block(bias, at[0], pairs)
+            b_st += rel.block(bias, at[0], pairs, FAST)
         b_pt, b_gt = variants.bwd_weights(b_st, b_lse, score, SCORE, FAST)
         if MASKED:
             b_pt, b_gt = variants.mask_grads(b_pt, b_gt, visible(o_m[None, :], offs_n[:, None], seq, rule), SCORE)
@@ -133,14 +133,14 @@ def _dq_blocks(dq, b_q, b_do, stats, kv, offs_m, start, end, seq, rule, score, b
             o_n = n0 + tl.arange(0, FORM.block_n)
             pairs = (offs_m[:, None] + (seq[1] - seq[0]), o_n[None, :], at[1] + offs_m[:, None], at[2] + o_n[None, :],
                      (offs_m < seq[0])[:, None], (o_n < seq[1])[None, :])
-            b_s += rel.block(bias, at[0], pairs)
+            b_s += rel.block(bias, at[0], pairs, FAST)
         b_p, b_g = variants.bwd_weights(b_s, stats[0], score, SCORE, FAST)
         if MASKED:
             o_n = n0 + tl.arange(0, FORM.block_n)
             b_p, b_g = variants.mask_grads(b_p, b_g, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
         b_ds = variants.dscores(b_p, mma(b_do, b_vt, FORM), b_g, stats[1], SCORE)  # (an activation: no P)
         if bias is not None:  # dL/dscore: dS, times an activation's constant out scale
-            rel.add_grads(bias, at[0], pairs, b_ds * variants.dv_factor(score, SCORE))
+            rel.add_grads(bias, at[0], pairs, b_ds * variants.dv_factor(score, SCORE), FAST)
         dq += mma(b_ds.to(b_k.dtype), b_k, FORM)
         p_k = tl.advance(p_k, (FORM.block_n, 0))
         p_vt = tl.advance(p_vt, (0, FORM.block_n))

@@ -40,7 +40,7 @@ def _fwd_blocks(acc, state, b_q, kv, offs_m, start, end, seq, rule, score, bias,
         b_s = mma(b_q, b_kt, FORM)  # [BLOCK_M, BLOCK_N]
         if bias is not None:  # (over the scale: so that the score's scaling applies to it too)
             b_s += rel.block(bias, at[0], (offs_m[:, None] + (seq[1] - seq[0]), o_n[None, :], at[1] + offs_m[:, None],
-                                           at[2] + o_n[None, :], (offs_m < seq[0])[:, None], m_n[None, :]))
+                                           at[2] + o_n[None, :], (offs_m < seq[0])[:, None], m_n[None, :]), FAST)
         b_s = b_s * score[0]  # base-2 logits with softmax
         if MASKED and variants.masks_scores(SCORE):
             b_s = variants.hide(b_s, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
