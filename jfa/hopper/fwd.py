@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 from .. import variants
 from ..bwd_common import scaled_rows
-from ..geometry import block_count, key_blocks, visible
+from ..geometry import block_count, key_blocks, key_range, visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import num_sms
@@ -194,11 +194,15 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
     s_rows: gl.constexpr = gl.SliceLayout(1, mma_layout(BLOCK_N))
     row0 = tile.start + WG * WG_ROWS
     n_blocks = tile.n_blocks(BLOCK_N)
-    # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there; and its last key: the
-    # tile's walk past it (HSTU's context tile: its context rows see the whole history, the other warpgroup's
-    # rows only up to their diagonal) is handed back unread, so the tensor cores are the other warpgroup's
-    _, full_lo, full_hi, hi = key_blocks(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
-    n_own = gl.minimum(block_count(tile.lo, hi, BLOCK_N), n_blocks)
+    # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
+    _, full_lo, full_hi, _ = key_blocks(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
+    n_own = n_blocks
+    if WG == 1:  # the tile's walk past this warpgroup's last key (HSTU's context tile: consumer 0's context rows see
+        # the whole history, consumer 1's rows up to their diagonal) is handed back unread, so the tensor cores
+        # are consumer 0's there (consumer 0 holds the tile's first rows: its walk is the tile's; computed for it
+        # too, the key range spilled the gelu_tanh forward)
+        _, hi = key_range(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
+        n_own = gl.minimum(block_count(tile.lo, hi, BLOCK_N), n_blocks)
     edges = (gl.expand_dims(row0 + gl.arange(0, WG_ROWS, layout=s_rows), 1), full_lo, full_hi)
     state = variants.row_state(gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows))
     acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=mma_layout(HEAD_DIM))
