@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 from .. import variants
 from ..bwd_common import scaled_rows
-from ..geometry import key_blocks, visible
+from ..geometry import block_count, key_blocks, key_range, visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import num_sms
@@ -196,21 +196,29 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
     n_blocks = tile.n_blocks(BLOCK_N)
     # this warpgroup's fully visible key blocks [full_lo, full_hi): no mask needed there
     _, full_lo, full_hi, _ = key_blocks(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
+    n_own = n_blocks
+    if WG == 1:  # the tile's walk past this warpgroup's last key (HSTU's context tile: consumer 0's context rows see
+        # the whole history, consumer 1's rows up to their diagonal) is handed back unread, so the tensor cores
+        # are consumer 0's there (consumer 0 holds the tile's first rows: its walk is the tile's; computed for it
+        # too, the key range spilled the gelu_tanh forward)
+        _, hi = key_range(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
+        n_own = gl.minimum(block_count(tile.lo, hi, BLOCK_N), n_blocks)
     edges = (gl.expand_dims(row0 + gl.arange(0, WG_ROWS, layout=s_rows), 1), full_lo, full_hi)
     state = variants.row_state(gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows))
     acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=mma_layout(HEAD_DIM))
     if not q_ops.POSTED:
         q_ops.wait(t, WG)
-    if (row0 < tile.q_len) & (n_blocks > 0):
-        acc, state = _attend(WG, shape, batch, tile, t, it, n_blocks, edges, (acc, state), q_ops, kv, out)
+    if (row0 < tile.q_len) & (n_own > 0):
+        acc, state = _attend(WG, shape, batch, tile, t, it, n_own, edges, (acc, state), q_ops, kv, out)
     else:  # rows past the sequence's end, or no keys: hand the buffers back
         q_ops.release(t)
-        for jb in range(0, n_blocks):
-            _turn(WG, out.PINGPONG, True)  # (the other consumer's turns go on)
-            _turn(WG, out.PINGPONG, False)
-            kv.wait_b(it + jb)
-            kv.wait_a(it + jb)
-            kv.release(it + jb)
+        n_own = 0
+    for jb in range(n_own, n_blocks):
+        _turn(WG, out.PINGPONG, True)  # (the other consumer's turns go on)
+        _turn(WG, out.PINGPONG, False)
+        kv.wait_b(it + jb)
+        kv.wait_a(it + jb)
+        kv.release(it + jb)
     if row0 < tile.q_len:
         _store(out, acc, state, row0, tile, s_rows, q_ops.a.dtype, shape.SCORE)
     return it + n_blocks
