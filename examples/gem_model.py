@@ -61,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--targets", type=int, default=0, help="HSTU's mask: each history's last N items are candidates "
                                                           "(they see the history, not one another; needs --causal or "
                                                           "--hstu)")
+    p.add_argument("--rel-bias", type=int, default=None, metavar="BUCKETS",
+                   help="HSTU's relative attention bias in the HSTU layers (--hstu, --attention jfa): learned "
+                        "position and time tables of BUCKETS + 1 log time buckets, over synthetic timestamps")
     p.add_argument("--compile", action="store_true", help="the model under torch.compile(fullgraph=True)")
     p.add_argument("--plot", default=None, help="save the loss and AUC per step to this PNG (needs matplotlib)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -154,11 +157,14 @@ def main(argv=None):
     causal = args.causal or args.hstu  # (HSTU's layers are causal)
     if args.targets and not causal:
         raise SystemExit("--targets (HSTU's mask) needs causal attention: add --causal or --hstu")
+    if args.rel_bias is not None and not (args.hstu and args.attention == "jfa"):
+        raise SystemExit("--rel-bias (HSTU's relative bias) needs --hstu and --attention jfa (the peers' kernels "
+                         "take no bias)")
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     model = models.GEMModel(args.num_items, d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
                             layers=args.layers, pma_queries=args.pma_queries, max_pos=max(args.max_len, 1),
                             causal=causal, impl=args.attention, backend=args.backend,
-                            activation=args.activation, hstu=args.hstu).to(device)
+                            activation=args.activation, hstu=args.hstu, num_buckets=args.rel_bias).to(device)
     compile_counts = torch._dynamo.utils.counters["stats"]
     if args.compile:
         model.compile(fullgraph=True)
@@ -175,6 +181,10 @@ def main(argv=None):
         num_targets = (offsets[1:] - offsets[:-1]).clamp(max=args.targets) if args.targets else None
         items, offsets, labels = (t.to(device, non_blocking=True) for t in (items, offsets, labels))
         mask = {} if num_targets is None else {"num_targets": num_targets.to(device, non_blocking=True)}
+        if args.rel_bias is not None:  # the items' times: gaps of 1 s to a day (a sequence reads differences only)
+            g = torch.Generator().manual_seed(args.seed * 1_000_033 + step)
+            gaps = torch.randint(1, 86_401, (items.shape[0], ), generator=g)
+            mask["timestamps"] = torch.cumsum(gaps, 0).to(device, non_blocking=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if world > 1:
@@ -212,6 +222,7 @@ def main(argv=None):
     summary = {"attention": args.attention, "backend": args.backend, "device": device.type, "world": world,
                "balance": args.balance, "causal": causal, "layers_kind": "hstu" if args.hstu else "transformer",
                "activation": "silu" if args.hstu else args.activation, "targets": args.targets,
+               "rel_bias": args.rel_bias,
                "compile": args.compile, "steps": args.steps,
                "batch_per_rank": args.batch, "max_len": args.max_len, "d_model": args.d_model,
                "layers": args.layers, "heads": args.heads,

@@ -50,12 +50,14 @@ class GEMModel(nn.Module):
 
     heads/kv_heads: GQA when kv_heads < heads. pma_queries: the pooling's seeds. impl/backend: the attention.
     activation: GDPA's, in the transformer blocks' attention (with out_scale 1 / max_pos). hstu: HSTU layers
-    (jfa.nn.HSTULayer, causal SiLU attention) in place of the transformer blocks. forward's num_targets (with causal
-    attention): HSTU's mask, each history's last num_targets[b] items scored as candidates in the same pass.
+    (jfa.nn.HSTULayer, causal SiLU attention) in place of the transformer blocks; num_buckets (with hstu): their
+    relative attention bias, HSTU's position and time tables (HSTULayer's), and forward takes the items' timestamps.
+    forward's num_targets (with causal attention): HSTU's mask, each history's last num_targets[b] items scored as
+    candidates in the same pass.
     """
 
     def __init__(self, num_items, d_model=64, heads=4, kv_heads=None, layers=2, pma_queries=4, max_pos=4096,
-                 causal=False, impl="jfa", backend="auto", activation="softmax", hstu=False):
+                 causal=False, impl="jfa", backend="auto", activation="softmax", hstu=False, num_buckets=None):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"unknown attention impl {impl!r}; expected one of {IMPLS}")
@@ -63,9 +65,13 @@ class GEMModel(nn.Module):
         self.impl, self.max_pos = impl, max_pos
         self.item = nn.Embedding(num_items, d_model)
         self.pos = nn.Embedding(max_pos, d_model)
+        if num_buckets is not None and not (hstu and impl == "jfa"):
+            raise ValueError("num_buckets (HSTU's relative bias) needs hstu=True and impl='jfa' (the peers' kernels "
+                             "take no bias)")
+        self.timed = num_buckets is not None
         if hstu:
-            self.blocks = nn.ModuleList(HSTULayer(d_model, heads, max_seq_len=max_pos, backend=backend,
-                                                  attention=jagged) for _ in range(layers))
+            self.blocks = nn.ModuleList(HSTULayer(d_model, heads, max_seq_len=max_pos, num_buckets=num_buckets,
+                                                  backend=backend, attention=jagged) for _ in range(layers))
         else:
             out_scale = 1.0 if activation == "softmax" else 1.0 / max_pos
             self.blocks = nn.ModuleList(JaggedBlock(d_model, heads, kv_heads, causal, jagged, backend, activation,
@@ -74,9 +80,13 @@ class GEMModel(nn.Module):
         self.pool = PMAPooling(d_model, heads, pma_queries, kv_heads, backend=backend, attention=broadcast)
         self.head = nn.Sequential(nn.Linear(pma_queries * d_model, d_model), nn.GELU(), nn.Linear(d_model, 1))
 
-    def forward(self, items, offsets, max_len=None, num_targets=None):
+    def forward(self, items, offsets, max_len=None, num_targets=None, timestamps=None):
         total, batch = items.shape[0], offsets.numel() - 1
         mask = {} if num_targets is None else {"num_targets": num_targets}
+        if self.timed:
+            if timestamps is None:
+                raise ValueError("this GEMModel has a relative bias (num_buckets): forward needs timestamps")
+            mask["timestamps"] = timestamps
         offsets = offsets.to(items.device)
         lens = offsets[1:] - offsets[:-1]
         seq = torch.repeat_interleave(torch.arange(batch, device=items.device), lens, output_size=total)

@@ -237,6 +237,36 @@ def test_model_jfa_matches_padded_sdpa(causal, kv_heads, kw):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.interpreter
+def test_hstu_model_with_the_relative_bias_portable_kernels_match_the_reference():
+    """GEMModel's HSTU layers with HSTU's relative bias (num_buckets; timestamps a row): the portable kernels (on CPU
+    tensors, Triton's interpreter) and the reference backend give the same logits and gradients, the bias tables'
+    included, and the tables move the logits (a bias the layers dropped would not)."""
+    items, off, _ = models.synthetic_batch(4, 20, 50, torch.Generator().manual_seed(2))
+    times = torch.cumsum(torch.randint(1, 86_401, (items.shape[0], ), generator=torch.Generator().manual_seed(3)), 0)
+    torch.manual_seed(0)
+    kw = dict(d_model=32, heads=2, layers=2, max_pos=32, hstu=True, num_buckets=16)
+    a = models.GEMModel(50, backend=REF, **kw)
+    b = models.GEMModel(50, backend="triton", **kw)
+    b.load_state_dict(a.state_dict())
+    out_a, out_b = a(items, off, timestamps=times), b(items, off, timestamps=times)
+    torch.testing.assert_close(out_b, out_a, rtol=1e-4, atol=1e-5)
+    out_a.sum().backward()
+    out_b.sum().backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-3, atol=1e-5, msg=name)
+    assert a.blocks[0].ts_w.grad.abs().sum() > 0 and a.blocks[0].pos_w.grad.abs().sum() > 0
+    with torch.no_grad():
+        for blk in a.blocks:
+            blk.ts_w.add_(1.0)
+            blk.pos_w.add_(torch.linspace(-1, 1, blk.pos_w.shape[0]))
+    assert not torch.allclose(a(items, off, timestamps=times), out_a.detach())
+    with pytest.raises(ValueError, match="needs timestamps"):
+        a(items, off)
+    with pytest.raises(ValueError, match="impl='jfa'"):
+        models.GEMModel(50, impl="padded", **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (varlen_attn)")
 def test_model_jfa_matches_fa2_on_gpu():
@@ -341,6 +371,11 @@ def test_gem_example_records_what_it_ran_and_scores_targets():
         ("hstu", "silu", True, 2), summary
     with pytest.raises(SystemExit, match="needs causal attention"):
         _example("--steps", "1", "--targets", "2")
+    biased = _example("--steps", "2", "--batch", "4", "--max-len", "32", "--num-items", "50", "--d-model", "16",
+                      "--heads", "2", "--layers", "1", "--pma-queries", "2", "--hstu", "--rel-bias", "16")
+    assert biased["rel_bias"] == 16 and biased["layers_kind"] == "hstu", biased
+    with pytest.raises(SystemExit, match="needs --hstu"):
+        _example("--steps", "1", "--rel-bias", "16")
     from jfa import peers
     if peers.hstu_available():
         with pytest.raises(SystemExit, match="scripts/carry_hstu.sh"):
