@@ -358,21 +358,22 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
         dpos = bias[10] + i_h * (2 * bias[2] - 1)
         M: tl.constexpr = ds.shape[0]
         N: tl.constexpr = ds.shape[1]
+        P = bias[2]
+        diagonals = False  # (a compile-time False where the block's shape does not allow the sums)
         if _by_diagonals(_keys_axis(pairs[3].shape), M, N):
-            P = bias[2]
             a = tl.max(pairs[0], axis=1)  # (the queries' and keys' positions: consecutive, as every kernel's blocks)
             b = tl.max(pairs[1], axis=0)
             lo = tl.min(b, axis=0) - tl.max(a, axis=0)
             hi = tl.max(b, axis=0) - tl.min(a, axis=0)
-            if (lo >= 1 - P) & (hi <= P - 1):  # no entry clamped: the block's diagonals are consecutive entries
-                _add_diagonal_sums(dpos + (tl.min(b, axis=0) - tl.min(a, axis=0) + P - 1),
-                                   tl.where(in_pairs, ds, 0.0), M, N)
-            else:
-                tl.atomic_add(dpos + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
+            diagonals = (lo >= 1 - P) & (hi <= P - 1)  # no entry clamped: the diagonals are consecutive entries
+            origin = tl.min(b, axis=0) - tl.min(a, axis=0) + P - 1  # (the entry of the block's own diagonal 0)
+        if diagonals:
+            _add_diagonal_sums(dpos + origin, tl.where(in_pairs, ds, 0.0), M, N)
         else:
             tl.atomic_add(dpos + _position(bias, pairs), ds, mask=in_pairs, sem="relaxed")
     if bias[14] and bias[15]:
         KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
+        # (block's _time_block again: its vectors kept from there across the dQ pass's MMAs spilled the D=64 pass)
         q1, split, first, cut = _time_block(bias, pairs, KEYS, FAST)
         row = bias[11] + i_h * (bias[5] + 1)
         if split:  # each query's pairs summed on either side of its cut: two atomics a query at most
