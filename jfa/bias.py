@@ -359,7 +359,7 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
         M: tl.constexpr = ds.shape[0]
         N: tl.constexpr = ds.shape[1]
         P = bias[2]
-        diagonals = False  # (a compile-time False where the block's shape does not allow the sums)
+        diagonals: tl.constexpr = False  # (a compile-time False where the block's shape does not allow the sums)
         if _by_diagonals(_keys_axis(pairs[3].shape), M, N):
             a = tl.max(pairs[0], axis=1)  # (the queries' and keys' positions: consecutive, as every kernel's blocks)
             b = tl.max(pairs[1], axis=0)
