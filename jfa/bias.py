@@ -184,10 +184,30 @@ def matrix(t: Tables, q_rows: slice, k_rows: slice, lq: int, lk: int, dtype, at=
 
 # ---- the kernels' helpers
 
+GRAD_COPIES = tl.constexpr(64)  # copies of each head's time gradient row (add_grads): a power of two
+
+
+def grad_buffers(t: Tables, device):
+    """The dQ pass's float32 buffers for the tables' gradients, zeroed: dposition [Hq, 2P - 1], and dtime as
+    GRAD_COPIES copies of each head's row, [Hq, GRAD_COPIES, NB + 1] (grads sums them); None for an absent table.
+    A batch's pairs fall in a few dozen time buckets: one row took every query's atomics on a few addresses, which
+    L2 serializes (~1-2 G/s: the biased backward spent ~90% of its time there, docs/perf-notes.md)."""
+    pos, tim = t.position, t.time
+    return (None if pos is None else torch.zeros(pos.shape, dtype=torch.float32, device=device),
+            None if tim is None else torch.zeros(tim.shape[0], GRAD_COPIES.value, tim.shape[1], dtype=torch.float32,
+                                                 device=device))
+
+
+def grads(buffers):
+    """The tables' gradients (dposition, dtime), each [Hq, L] or None, from grad_buffers' after the dQ pass."""
+    dpos, dtim = buffers
+    return dpos, None if dtim is None else dtim.sum(1)
+
+
 def group(t: Optional[Tables], scale: float, grads=None):
     """The kernels' bias group: None (no bias: the kernels compile as without one), or (position, its head stride,
     P, time, its head stride, NB, q_times, k_times, ln 2 / time_divisor, 1 / scale, dposition, dtime, the time edges,
-    HAS_POSITION, HAS_TIME, HAS_GRADS)."""
+    HAS_POSITION, HAS_TIME, HAS_GRADS); grads: grad_buffers'."""
     if t is None:
         return None
     pos, tim = t.position, t.time
@@ -375,11 +395,17 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
         KEYS: tl.constexpr = _keys_axis(pairs[3].shape)
         # (block's _time_block again: its vectors kept from there across the dQ pass's MMAs spilled the D=64 pass)
         q1, split, first, cut = _time_block(bias, pairs, KEYS, FAST)
-        row = bias[11] + i_h * (bias[5] + 1)
+        # (into one of the head's GRAD_COPIES rows, grad_buffers': a query's by its row's low bits; a pair's by its
+        # row's and key's low 3 bits, distinct across a warp's MMA fragment)
+        row = bias[11] + i_h * (GRAD_COPIES * (bias[5] + 1))
         if split:  # each query's pairs summed on either side of its cut: two atomics a query at most
+            q_row = row + (tl.max(pairs[2], axis=KEYS) % GRAD_COPIES) * (bias[5] + 1)
             past = _past_cut(q1, _key_times(bias, pairs), cut, KEYS)
-            tl.atomic_add(row + first, tl.sum(tl.where(in_pairs & ~past, ds, 0.0), axis=KEYS), sem="relaxed")
-            tl.atomic_add(row + tl.minimum(first + 1, bias[5]), tl.sum(tl.where(in_pairs & past, ds, 0.0), axis=KEYS),
+            tl.atomic_add(q_row + first, tl.sum(tl.where(in_pairs & ~past, ds, 0.0), axis=KEYS), sem="relaxed")
+            tl.atomic_add(q_row + tl.minimum(first + 1, bias[5]), tl.sum(tl.where(in_pairs & past, ds, 0.0),
+                                                                         axis=KEYS),
                           mask=cut < float("inf"), sem="relaxed")
         else:
-            tl.atomic_add(row + _pair_buckets(bias, pairs, q1, KEYS, FAST), ds, mask=in_pairs, sem="relaxed")
+            copy = (pairs[2] % 8) * 8 + pairs[3] % 8
+            tl.atomic_add(row + copy * (bias[5] + 1) + _pair_buckets(bias, pairs, q1, KEYS, FAST), ds, mask=in_pairs,
+                          sem="relaxed")

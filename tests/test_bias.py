@@ -180,9 +180,11 @@ def test_bias_block_takes_two_buckets_a_query_where_its_keys_allow(name, transpo
     tables = rel.check(jfa.RelativeBias(pos, tim, qt, kt, DIVISOR), torch.zeros(8, 1, 8, device=device),
                        torch.zeros(16, 1, 8, device=device), False, False, 0.5)
     out, uniform = torch.zeros(8, 16, device=device), torch.zeros(1, dtype=torch.int32, device=device)
-    dpos, dtim = torch.zeros(1, 31, device=device), torch.zeros(1, 129, device=device)
-    group = rel.group(tables, 0.5, (dpos, dtim))
-    _bias_block[(1, )](group, out, uniform, dtim, lq, lk, M=8, N=16, TRANSPOSED=transposed, FAST=device == "cuda")
+    buffers = rel.grad_buffers(tables, device)
+    group = rel.group(tables, 0.5, buffers)
+    _bias_block[(1, )](group, out, uniform, buffers[1], lq, lk, M=8, N=16, TRANSPOSED=transposed,
+                       FAST=device == "cuda")
+    _, dtim = rel.grads(buffers)
     assert bool(uniform.item()) == one
     want = rel.matrix(tables, slice(0, lq), slice(0, lk), lq, lk, torch.float32)[0] / 0.5
     torch.testing.assert_close(out[:lq, :lk], want, rtol=0, atol=1e-6)

@@ -14,6 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from ..bias import grad_buffers
 from ..bwd_common import attention_bwd_preprocess_kernel, block_d
 from ..ptxas import Report, aot_signature, meta_problem, report
 from . import kernels, launch
@@ -46,7 +47,7 @@ def compile_kernel(name: str, head_dim: int, dtype: torch.dtype, broadcast: bool
         elif name == "dq":
             fn, cfg = kernels.attention_bwd_dq_kernel, cfgs.dq
             dq = x.float() if broadcast else x
-            tables = (p.bias_position, p.bias_time) if bias else None  # (their gradients' buffers: the same shapes)
+            tables = grad_buffers(p.bias, p.q.device) if bias else None
             args = launch.bwd_args(p, x, rows, rows, (dq, ), tiles, tables)
         else:
             raise ValueError(name)

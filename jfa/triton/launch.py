@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..bias import grad_buffers
+from ..bias import grads as bias_grads
 from ..bwd_common import block_d, delta, scaled_rows, sum_broadcast_dq
 from ..jagged import tile_table
 from ..problem import Problem
@@ -101,7 +103,7 @@ def fwd_args(p: Problem, out, lse, tiles) -> tuple:
 
 def bwd_args(p: Problem, dout, lse, delta, grads: tuple, tiles, tables=None) -> tuple:
     """The backward kernels' run-time arguments: grads = (dk, dv) for the dK/dV pass, (dq, ) for the dQ pass, which
-    also sums the bias tables' gradients into tables = (dposition, dtime)."""
+    also sums the bias tables' gradients into tables (jfa.bias.grad_buffers)."""
     return (rows(p.q), rows(p.k), rows(p.v), rows(dout), (lse, delta, lse.stride(0)), *(rows(g) for g in grads),
             (p.q_offsets, p.kv_offsets), (tiles, tiles.shape[1]), score_args(p), p.mask_args(), p.bias_args(tables))
 
@@ -130,11 +132,9 @@ def backward(p: Problem, out, lse, dout, dlse, configs: Configs | None = None):
     dv = torch.empty_like(p.v, memory_format=torch.contiguous_format)
     dq = torch.empty(p.rows, p.heads, p.head_dim, device=q.device,
                      dtype=torch.float32 if p.broadcast else q.dtype)
-    tables = None if p.bias is None else tuple(
-        None if t is None else torch.zeros(t.shape, dtype=torch.float32, device=q.device)
-        for t in (p.bias_position, p.bias_time))
+    tables = None if p.bias is None else grad_buffers(p.bias, q.device)
     if p.batch == 0:
-        return (torch.zeros_like(q), dk.zero_(), dv.zero_()) + (tables or ())
+        return (torch.zeros_like(q), dk.zero_(), dv.zero_()) + (() if tables is None else bias_grads(tables))
     check_runnable(q.device)
     configs = configs or select_config(q.device, p.head_dim, q.dtype)
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
@@ -146,7 +146,7 @@ def backward(p: Problem, out, lse, dout, dlse, configs: Configs | None = None):
         _bwd_dkdv(p, grads, dk, dv, configs.dkdv)
     if p.rows > 0:
         _bwd_dq(p, grads, dq, configs.dq, tables)
-    return (sum_broadcast_dq(dq, q, p.batch, p.broadcast), dk, dv) + (tables or ())
+    return (sum_broadcast_dq(dq, q, p.batch, p.broadcast), dk, dv) + (() if tables is None else bias_grads(tables))
 
 
 @dataclass(frozen=True)
