@@ -56,6 +56,25 @@ def test_hopper_forward_forms(mode, form):
     assert not failures, "\n".join(failures)
 
 
+D64_FWD_FORMS = {"short": config.select_fwd(64, 300), "long": config.select_fwd(64)}
+
+
+@pytest.mark.parametrize("activation", ["softmax", "gelu_tanh"])
+@pytest.mark.parametrize("form", list(D64_FWD_FORMS))
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_d64_forward_forms(mode, form, activation):
+    """Both D=64 forward forms (one consumer a CTA, two CTAs an SM; two consumers in ping-pong past SHORT_KV), handed
+    in whatever the test batch's lengths (which alone pick the short form), softmax and an activation: every mode
+    against the reference."""
+    cfg = D64_FWD_FORMS[form]
+    kw = dict(activation=activation, out_scale=0.01) if activation != "softmax" else {}
+    case = make_case(**dict(dict(hq=4, hkv=4), **MODES[mode]), d=64, dtype=torch.bfloat16, device="cuda", seed=64,
+                     **kw)
+    out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg), hopper.backward, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 def _plan(route, d, mean_q_len=float("inf")):
     """The backward of dQ route `route` (a DqRoute), whatever the batch."""
     dkdv = config.select_dkdv(d, route, mean_q_len)
