@@ -62,7 +62,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
         return_lse: also return the float32 natural-log logsumexp, ``[Hq, Tq]`` (softmax only).
         backend: "auto", "reference", "triton" or "hopper".
         deterministic: the backward gives the same bits run to run (the hopper backend's default backward adds
-            dQ with TMA reduce-adds in a varying order; this takes two passes with no atomics instead).
+            dQ with TMA reduce-adds in a varying order; this takes two passes with no atomics instead). Not the
+            rel_bias tables' gradients: the portable kernels sum them by float32 atomics, whatever this says.
     Returns:
         out ``[Tq, Hq, D]`` in q's dtype, or ``(out, lse)``.
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
