@@ -481,3 +481,34 @@ def test_forward_only_providers_are_checked_on_the_output_and_timed_forward(monk
     assert not runner.check(served(1.25), inp, ref, forward_only=True)["correct"]
     m = runner.measure(served(), inp, 1e9, 2.5e9, forward_only=True)
     assert m["fwd_ms"] > 0 and m["bwd_ms"] is None
+
+
+class _NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("InductorError: pretend the backward does not compile")
+
+
+class BackwardFails(Provider):
+    """The reference's forward (times `scale`) through a function whose backward raises (as Flex's on a bias)."""
+    name = "backward-fails"
+    scale = 1.0
+
+    def build(self, inp):
+        return lambda: _NoBackward.apply(jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, causal=True,
+                                                              backend="reference") * self.scale), {}
+
+
+def test_a_provider_whose_backward_fails_is_gated_and_timed_on_its_forward():
+    w = suite.Workload("tiny", "self", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16,
+                       window=(-1, 0), lengths=(9, 4))
+    wrong = type("WrongForward", (BackwardFails, ), dict(name="wrong-forward", scale=1.25))()
+    r = runner.run_workload(w, [BackwardFails(), wrong], "cpu", cpu_reps=1)["results"]
+    ok = r["backward-fails"]
+    assert ok["correct"] is True and ok["fwd_ms"] > 0 and ok["bwd_ms"] is None
+    assert ok["note"].startswith("backward failed (RuntimeError: InductorError") and "error" not in ok
+    assert r["wrong-forward"]["correct"] is False and "fwd_ms" not in r["wrong-forward"]

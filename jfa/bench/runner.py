@@ -8,7 +8,8 @@ PyTorch loses in bf16). For the output and each of dq, dk, dv the provider passe
     max|x - truth| <= 2 * max|torch_same_dtype - truth| + eps(dtype) * max|truth|
 
 (FA4's rule: at most twice PyTorch's own error plus one rounding step), with no NaN. A provider that fails
-is reported ``"correct": false`` and not timed. To keep the reference fast the gate checks a prefix of the
+is reported ``"correct": false`` and not timed. One whose backward raises (FlexAttention's on a biased score_mod
+does not compile) is gated and timed on its forward alone, run without autograd, the error in its note. To keep the reference fast the gate checks a prefix of the
 batch: the first n sequences with sum(Hq * Lq * Lk) <= GATE_BUDGET, at most GATE_SEQS of them (always at least
 one sequence; the skewed workloads' first sequence is the longest), recorded as ``check.seqs`` of
 ``check.batch``. The provider itself runs on the whole batch, with the upstream gradient zeroed past the prefix
@@ -260,6 +261,15 @@ def _free(device):
         torch.cuda.empty_cache()
 
 
+def _without_autograd(fn):
+    """fn under torch.no_grad: a compiled provider then compiles its forward alone (with grad it compiles the
+    backward too, at its first call)."""
+    def call():
+        with torch.no_grad():
+            return fn()
+    return call
+
+
 def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
@@ -295,7 +305,14 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
             if key not in refs:
                 refs[key] = reference_results(gated, like)
             forward_only = getattr(p, "forward_only", False)
-            verdict = check(fn, inp, refs[key], n, forward_only)
+            try:
+                verdict = check(fn, inp, refs[key], n, forward_only)
+            except Exception as e:  # its backward may be what fails (Flex on a biased score): the forward alone
+                if forward_only:
+                    raise
+                fn, forward_only = _without_autograd(fn), True
+                res["note"] = f"backward failed ({_error_text(e)}): forward alone, without autograd"
+                verdict = check(fn, inp, refs[key], n, forward_only)
             res["check"] = {"seqs": n, "batch": inp.batch, "errors": verdict["errors"]}
             res["correct"] = verdict["correct"]
             if verdict["correct"]:
