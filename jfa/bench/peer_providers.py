@@ -207,8 +207,9 @@ class Flex(Provider):
 
 
 def sdpa_padded_bytes(inp: Inputs) -> int:
-    """Rough peak bytes of the padded SDPA baseline: padded q/k/v/out and their grads, the mask, and on the
-    CPU (math kernel) or for an activation's formula the score matrices (scores, weights and their gradients)."""
+    """Rough peak bytes of the padded SDPA baseline: padded q/k/v/out and their grads, the mask, on the CPU (math
+    kernel) or for an activation's formula the score matrices (scores, weights and their gradients), and with a
+    relative bias its pairs' two table entries (int64) and the dense bias with its gradient (float32, per head)."""
     w, b = inp.workload, inp.batch
     elt = inp.q.element_size()
     padded = b * (inp.max_q * w.heads_q + 2 * inp.max_kv * w.heads_kv) * w.head_dim * elt * 3
@@ -216,7 +217,8 @@ def sdpa_padded_bytes(inp: Inputs) -> int:
     scores = 0
     if inp.q.device.type == "cpu" or w.activation != "softmax":
         scores = b * w.heads_q * inp.max_q * inp.max_kv * 4 * 3
-    return padded + mask + scores
+    bias = b * inp.max_q * inp.max_kv * (16 + 8 * w.heads_q) if inp.tables else 0
+    return padded + mask + scores + bias
 
 
 class SdpaPadded(Provider):
