@@ -20,8 +20,8 @@ from .problem import Problem
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
                      window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
-                     contextual_len=0, rel_bias=None, page_table=None, page_size=None, return_lse=False,
-                     backend="auto", deterministic=False):
+                     contextual_len=0, min_full_attn_len=0, rel_bias=None, page_table=None, page_size=None,
+                     return_lse=False, backend="auto", deterministic=False):
     """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
 
     Args:
@@ -48,6 +48,9 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             A sequence's rows are its keys; in cross-attention (serving: new rows against a cached history and
             themselves, HSTU's cached attention) its queries are its last rows, at most as many as its keys, and
             each query's score is the one its row has in self-attention over the whole sequence.
+        min_full_attn_len: with HSTU's mask and ``window=(W, 0)``, the history's last ``min_full_attn_len`` rows
+            and the targets see the whole history, past the window (HSTU's min_full_attn_seq_len; the portable
+            kernels compute it, "auto" takes them for it).
             Where the offsets are checked, a prefix longer than a (non-empty) sequence, or more queries than keys,
             is an error; where they are trusted (both max lengths for GPU offsets) such a sequence is all prefix,
             as the rule says, and the results of a sequence with more queries than keys are unspecified.
@@ -69,7 +72,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     NJT inputs (torch.nested, layout=torch.jagged, ``[B, j, H, D]``, offsets taken from them) give an NJT out.
     """
     options = dict(causal=causal, window=window, scale=scale, activation=activation, out_scale=out_scale,
-                   num_targets=num_targets, contextual_len=contextual_len, rel_bias=rel_bias, backend=backend,
+                   num_targets=num_targets, contextual_len=contextual_len, min_full_attn_len=min_full_attn_len,
+                   rel_bias=rel_bias, backend=backend,
                    deterministic=deterministic, page_table=page_table, page_size=page_size)
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
@@ -88,7 +92,8 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
             **options) -> Problem:
     """The jfa.problem.Problem that jagged_attention (or with broadcast=True, broadcast_attention, whose kv
     offsets are then the fourth argument) solves for these arguments (options: causal, window, scale,
-    activation, out_scale, num_targets, contextual_len, backend, deterministic, as there), validated: what the
+    activation, out_scale, num_targets, contextual_len, min_full_attn_len, backend, deterministic, as there),
+    validated: what the
     benchmarks and tests hand to a backend directly."""
     if broadcast:
         return _broadcast_problem(q, k, v, q_offsets, max_kv_len, options)
@@ -120,7 +125,8 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
                                                   options.get("contextual_len", 0))
             if paged:
                 checks.check_page_values(options["page_table"], options["page_size"], k.shape[0], kv_lens)
-            if options.get("num_targets") is not None or options.get("contextual_len", 0):
+            if (options.get("num_targets") is not None or options.get("contextual_len", 0)
+                    or options.get("min_full_attn_len", 0)):
                 checks.check_last_rows(q_lens, kv_lens)
     return _finish(q, k, v, q_offsets, kv_offsets, False, max_q_len, max_kv_len, **options)
 
@@ -180,12 +186,13 @@ def _broadcast_row_offsets(batch, lq, dtype, device):
 
 
 def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *, causal=False, window=(-1, -1),
-            scale=None, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0, backend="auto",
-            deterministic=False, page_table=None, page_size=0, rel_bias=None) -> Problem:
+            scale=None, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0, min_full_attn_len=0,
+            backend="auto", deterministic=False, page_table=None, page_size=0, rel_bias=None) -> Problem:
     """The checks every call shares, then the Problem."""
     checks.check_window(causal, window)
     left, right = resolve_window(causal, tuple(window))
-    num_targets = checks.check_targets(num_targets, contextual_len, causal, window, broadcast, kv_offsets)
+    num_targets = checks.check_targets(num_targets, contextual_len, causal, window, broadcast, kv_offsets,
+                                       min_full_attn_len)
     scale = checks.check_scale(scale, q.shape[2])
     checks.check_activation(activation)
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
@@ -197,7 +204,10 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     tables = bias.check(rel_bias, q, k, broadcast, q_offsets is kv_offsets, scale)
     if tables is not None and backend == "hopper":
         raise ValueError("backend 'hopper' does not compute a relative bias (rel_bias) yet: use 'triton' or 'auto'")
-    portable = backend == "auto" and ((page_table is not None and page_size % 128) or tables is not None)
+    if min_full_attn_len and backend == "hopper":  # (its kernels compile it: not yet run on a GPU)
+        raise ValueError("backend 'hopper' does not take min_full_attn_len yet: use 'triton' or 'auto'")
+    portable = backend == "auto" and ((page_table is not None and page_size % 128) or tables is not None
+                                      or min_full_attn_len > 0)
     backend = select(backend, q.device, q.shape[2], q.dtype)
     backend = "triton" if portable and backend == "hopper" else backend  # (hopper's key blocks span no page)
     if not isinstance(deterministic, bool):
@@ -207,5 +217,5 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
                                                  time_divisor=tables.time_divisor)
     return Problem(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast=broadcast, activation=activation,
                    out_scale=out_scale, row_scale=row_scale, num_targets=num_targets, contextual_len=contextual_len,
-                   **bias_fields, page_table=page_table, page_size=page_size, max_q_len=max_q_len, max_kv_len=max_kv_len,
-                   backend=backend, deterministic=deterministic)
+                   min_full_attn_len=min_full_attn_len, **bias_fields, page_table=page_table, page_size=page_size,
+                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, deterministic=deterministic)

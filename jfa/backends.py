@@ -25,7 +25,8 @@ from .jagged import paged_rows
 def _reference_args(p) -> dict:
     """The reference's keyword arguments of a problem (its mask's and score's fields)."""
     return dict(scale=p.scale, left=p.left, right=p.right, broadcast=p.broadcast, activation=p.activation,
-                out_scale=p.scales, num_targets=p.num_targets, contextual_len=p.contextual_len, rel_bias=p.bias)
+                out_scale=p.scales, num_targets=p.num_targets, contextual_len=p.contextual_len, rel_bias=p.bias,
+                min_full_attn_len=p.min_full_attn_len)
 
 
 def _reference_forward(p):

@@ -114,7 +114,7 @@ def check_out_scale(out_scale, activation, rows, device, values=True):
     return float(out_scale), None
 
 
-def check_targets(num_targets, contextual_len, causal, window, broadcast, offsets):
+def check_targets(num_targets, contextual_len, causal, window, broadcast, offsets, min_full_attn_len=0):
     """HSTU's mask's arguments (jfa.jagged.target_mask) -> num_targets as the kernels take it (a contextual prefix
     alone: zero targets), or None. Their values are checked with the offsets' (check_offsets_values: the kv
     offsets', whose sequences the targets count; in cross-attention the queries are each sequence's last rows,
@@ -124,7 +124,13 @@ def check_targets(num_targets, contextual_len, causal, window, broadcast, offset
     if contextual_len < 0:
         raise ValueError(f"contextual_len must be >= 0 (the rows of each sequence's contextual prefix), got "
                          f"{contextual_len}")
-    if num_targets is None and contextual_len == 0:
+    if isinstance(min_full_attn_len, bool) or not isinstance(min_full_attn_len, int) or min_full_attn_len < 0:
+        raise ValueError(f"min_full_attn_len must be a Python int >= 0 (the history's last rows that see all of it), "
+                         f"got {min_full_attn_len!r}")
+    if min_full_attn_len and not 0 <= window[0]:
+        raise ValueError("min_full_attn_len takes HSTU's window=(W, 0) with W >= 0: its rows see past the window (it "
+                         f"has no meaning without one), got window={tuple(window)}")
+    if num_targets is None and contextual_len == 0 and min_full_attn_len == 0:
         return None
     if broadcast:
         raise ValueError("num_targets / contextual_len are for self-attention over histories, not broadcast q")

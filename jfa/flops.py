@@ -42,7 +42,7 @@ def attention_pairs(p: Problem) -> int:
         if p.broadcast:  # every sequence has the Lq rows of the dense q
             q_lens = torch.full_like(q_lens, p.q.shape[0])
         return visible_pairs(q_lens, lengths(p.kv_offsets.detach().long().cpu()), p.left, p.right,
-                             (p.num_targets.cpu(), p.contextual_len) if targets else None)
+                             (p.num_targets.cpu(), p.contextual_len, p.min_full_attn_len) if targets else None)
     return pairs_upper_bound(p.q.shape[0], p.k.shape[0], p.broadcast, p.left, p.right)
 
 

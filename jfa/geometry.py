@@ -9,13 +9,15 @@ Two tuples carry what the mask needs, so that a mask with more parameters change
 sequence), not the kernels that pass them through:
   mask        the kernels' mask group, as the launchers pass it (mask_group, from jfa.problem.Problem.mask_args): the
               per-sequence tensor (HSTU's target counts, or None), the scalars (left, right, contextual_len), then
-              LAST_ROWS, a constexpr
+              LAST_ROWS, a constexpr, then HSTU's min_full_attn_len F (a constexpr 0 where it is 0) and FULL (F > 0,
+              a constexpr)
   rule        the mask's parameters (mask_rule, once per kernel): a Rule, its kind named (rule.KIND, a constexpr
               that survives returns, which a tuple's elements do not) and its parameters (rule.p):
               WINDOW, (LEFT, RIGHT): key j is visible to query i when i' - LEFT <= j <= i' + RIGHT, i' = i + shift;
                 unbounded sides arrive as jfa.jagged.UNBOUNDED (2**30), so no branch is needed;
-              TARGETS, (W, RIGHT, c, num_targets): HSTU's mask (jfa.jagged.target_mask: causal), the window over
-                positions, the contextual prefix's length, the target counts; its rows are the sequence's keys, and
+              TARGETS, (W, RIGHT, c, num_targets, F): HSTU's mask (jfa.jagged.target_mask: causal), the window
+                over positions, the contextual prefix's length, the target counts, the rows from position U - F on
+                seeing the whole history (rule.FULL: F > 0, a constexpr); its rows are the sequence's keys, and
                 with rule.LAST_ROWS (cross-attention: serving, HSTU's cached attention) the queries are the last Lq
                 of them, query i at row i + shift (bottom-right); without it (self-attention) shift is a constant 0,
                 so that self-attention's kernels compile as if no shift existed (_rows)
@@ -50,19 +52,24 @@ class Rule:
     KIND: tl.constexpr
     p: (tl.tuple, tuple)  # (a plain tuple in Triton's interpreter)
     LAST_ROWS: tl.constexpr  # TARGETS: the queries are each sequence's last rows (see the module doc)
+    FULL: tl.constexpr  # TARGETS: rows past the window's reach (F > 0); without, the kernels compile as before it
 
     @triton.constexpr_function
-    def __init__(self, KIND, p, LAST_ROWS=False):
+    def __init__(self, KIND, p, LAST_ROWS=False, FULL=False):
         self.KIND = tl.constexpr(KIND)
         self.LAST_ROWS = tl.constexpr(bool(LAST_ROWS))
+        self.FULL = tl.constexpr(bool(FULL))
         # (a scalar equal to 1 arrives as a constexpr, unwrapped to an int here: an aggregate's tuple holds Triton
         # values, so it is wrapped again; the interpreter's plain tuple holds anything)
         self.p = p if isinstance(p, tuple) else tl.tuple([tl.constexpr(x) if isinstance(x, int) else x for x in p])
 
 
 def mask_group(num_targets, scalars, last_rows: bool) -> tuple:
-    """A kernel's mask group (see the module doc): what the launchers pass, mask_rule reads."""
-    return (num_targets, *scalars, tl.constexpr(bool(last_rows)))
+    """A kernel's mask group (see the module doc): what the launchers pass, mask_rule reads. scalars: (left, right,
+    contextual_len[, min_full_attn_len]); F = 0 passes as a constexpr, so that the kernels compile without it."""
+    full = scalars[3] if len(scalars) > 3 else 0
+    return (num_targets, *scalars[:3], tl.constexpr(bool(last_rows)), full if full > 0 else tl.constexpr(0),
+            tl.constexpr(full > 0))
 
 
 @triton.jit
@@ -72,7 +79,7 @@ def mask_rule(mask):
     if mask[0] is None:
         return Rule(WINDOW, (mask[1], mask[2]))
     else:
-        return Rule(TARGETS, (mask[1], mask[2], mask[3], mask[0]), mask[4])
+        return Rule(TARGETS, (mask[1], mask[2], mask[3], mask[0], mask[5]), mask[4], mask[6])
 
 
 
@@ -134,7 +141,10 @@ def _target_rule(i, j, seq, rule):
     pi, u, c1 = _position(i, seq, rule)
     pj, _, _ = _position(j, seq, rule)
     d = pi - pj
-    vis = (i == j) | ((d > 0) & (d <= rule.p[0]))
+    if rule.FULL:  # (rows from position U - F on: past the window's reach)
+        vis = (i == j) | ((d > 0) & ((d <= rule.p[0]) | (pi >= u - rule.p[4])))
+    else:
+        vis = (i == j) | ((d > 0) & (d <= rule.p[0]))
     return vis | ((rule.p[2] > 0) & (pi == 0) & (pj < u))
 
 
@@ -149,6 +159,9 @@ def _target_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     m0 = m0 + shift
     p0, u, c1 = _position(m0, seq, rule)
     lo_key = tl.where((m0 < c) | (p0 - rule.p[0] <= 0), 0, p0 - rule.p[0] + c1)
+    if rule.FULL:  # the tile's last row sees the whole history
+        p_last, _, _ = _position(m_last, seq, rule)
+        lo_key = tl.where(p_last >= u - rule.p[4], 0, lo_key)
     lo_key = tl.where(u > 0, lo_key, m0)  # no history position: every row sees itself alone
     hi = tl.minimum(tl.maximum(m_last + 1, tl.where((m0 < c) & (u > 0), n - seq[2], 0)), n)
     return (tl.maximum(lo_key, 0) // BLOCK_N) * BLOCK_N, hi
@@ -167,6 +180,8 @@ def _target_queries(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
     has_history = n0 < h
     pjh, u, c1 = _position(tl.minimum(k_last, h - 1), seq, rule)
     i_max = tl.where(pjh + rule.p[0] >= u, n - 1, pjh + rule.p[0] + c1)
+    if rule.FULL:  # the last row (a target, or the history's last: position U or U - 1 >= U - F) sees every
+        i_max = n - 1  # history key before it, and itself
     i_max = tl.where(u > 0, i_max, tl.minimum(k_last, h - 1))  # no history position: itself alone
     hi = tl.where(has_history, i_max + 1, 0)
     hi = tl.minimum(tl.maximum(hi, tl.where(k_last >= h, k_last + 1, 0)), n) - shift
@@ -230,6 +245,9 @@ def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOC
     c = rule.p[2]
     m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1
     seq_w, rule_w = _causal_window(seq, rule)
+    if rule.FULL:  # a tile whose rows all see the whole history: the causal window's full blocks, unbounded
+        p0, u, _ = _position(m0 + shift, seq, rule)
+        rule_w = Rule(WINDOW, (tl.where(p0 >= u - rule.p[4], 1 << 30, rule.p[0]), rule.p[1]))
     j_lo, j_hi = full_blocks(m0, lo, n_blocks, seq_w, rule_w, BLOCK_M, BLOCK_N)
     plain = (m0 + shift >= c) & (m_last + shift < n - seq[2])
     j_lo = tl.where(plain, tl.minimum(j_lo, n_blocks), 0)

@@ -51,17 +51,19 @@ def pair_mask(i, j, q_len, kv_len, left: int, right: int) -> torch.Tensor:
     return mask
 
 
-def target_mask(i, j, n, num_targets, contextual_len: int, window: int) -> torch.Tensor:
+def target_mask(i, j, n, num_targets, contextual_len: int, window: int, min_full_attn_len: int = 0) -> torch.Tensor:
     """HSTU's mask (generative recommenders: targets, a contextual prefix, a window over positions), on
     broadcastable tensors of positions i (queries) and j (keys), for a sequence of n rows (causal) whose last
     num_targets rows are targets:
 
         p(x) = x if c == 0, else max(x - c + 1, 0);  U = n - T if c == 0, else n - T - c + 1;  p(x) = min(p(x), U)
         visible = (i == j) or (p(i) - p(j) > 0)
-        with a window W >= 0:  visible = visible and (i == j or p(i) - p(j) <= W)
+        with a window W >= 0:  visible = visible and (i == j or p(i) - p(j) <= W or p(i) >= U - F)
         with c > 0:            visible = visible or (p(i) == 0 and p(j) < U)
 
-    (c = contextual_len, T = num_targets, W = window: -1 or UNBOUNDED for none). Targets see the history and
+    (c = contextual_len, T = num_targets, W = window: -1 or UNBOUNDED for none, F = min_full_attn_len: the rows
+    from position U - F on, the history's last F rows and the targets, see the whole history past the window, as
+    HSTU's min_full_attn_seq_len). Targets see the history and
     themselves, never each other; history never sees targets. With T = 0 and c = 0 this is the causal window.
     In cross-attention the queries are the sequence's last rows (visible_mask), as HSTU serves: a cached history's
     keys and values, and the new rows' queries (its cached attention takes the full mask's last rows)."""
@@ -72,7 +74,7 @@ def target_mask(i, j, n, num_targets, contextual_len: int, window: int) -> torch
     d = pi - pj
     step = d > 0
     if 0 <= window < UNBOUNDED:
-        step = step & (d <= window)
+        step = step & ((d <= window) | ((pi >= u - min_full_attn_len) if min_full_attn_len > 0 else False))
     vis = (i == j) | step
     if contextual_len > 0:
         vis = vis | ((pi == 0) & (pj < u))
@@ -81,14 +83,14 @@ def target_mask(i, j, n, num_targets, contextual_len: int, window: int) -> torch
 
 def visible_mask(q_len: int, kv_len: int, left: int, right: int, device=None, targets=None) -> torch.Tensor:
     """Boolean ``[q_len, kv_len]``: which keys each query of one sequence sees; targets = (num_targets,
-    contextual_len) for HSTU's mask (target_mask: left is its window, the sequence's rows are its kv_len keys and
-    the queries its last q_len rows, q_len <= kv_len; targets count the sequence's rows)."""
+    contextual_len[, min_full_attn_len]) for HSTU's mask (target_mask: left is its window, the sequence's rows are
+    its kv_len keys and the queries its last q_len rows, q_len <= kv_len; targets count the sequence's rows)."""
     i = torch.arange(q_len, device=device).unsqueeze(1)
     j = torch.arange(kv_len, device=device).unsqueeze(0)
     if targets is not None:
         if q_len > kv_len:
             raise ValueError(f"HSTU's mask takes a sequence's last rows as queries: {q_len} queries, {kv_len} keys")
-        return target_mask(i + (kv_len - q_len), j, kv_len, targets[0], targets[1], left)
+        return target_mask(i + (kv_len - q_len), j, kv_len, targets[0], targets[1], left, *targets[2:])
     return pair_mask(i, j, q_len, kv_len, left, right)
 
 
@@ -109,18 +111,19 @@ def visible_counts_per_row(q_lens: torch.Tensor, kv_lens: torch.Tensor, left: in
 
 def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1, targets=None) -> int:
     """Exact number of visible (query, key) pairs of a batch: the FLOP count's unit (4*Hq*D per pair fwd);
-    targets = (num_targets [B], contextual_len) for HSTU's mask (per sequence, from target_mask: the queries are
-    each sequence's last rows)."""
+    targets = (num_targets [B], contextual_len[, min_full_attn_len]) for HSTU's mask (per sequence, from
+    target_mask: the queries are each sequence's last rows)."""
     q_lens = torch.as_tensor(q_lens)
     kv_lens = torch.as_tensor(kv_lens)
     if targets is not None:
         num_targets, c = torch.as_tensor(targets[0]).long().tolist(), targets[1]
-        return sum(_target_pairs(n, t, c, left, lq)
+        full = targets[2] if len(targets) > 2 else 0
+        return sum(_target_pairs(n, t, c, left, lq, full)
                    for lq, n, t in zip(q_lens.long().tolist(), kv_lens.long().tolist(), num_targets))
     return int(visible_counts_per_row(q_lens, kv_lens, left, right).sum())
 
 
-def _target_pairs(n: int, t: int, c: int, window: int, q_len: int) -> int:
+def _target_pairs(n: int, t: int, c: int, window: int, q_len: int, full: int = 0) -> int:
     """Visible pairs of target_mask in one sequence of n rows whose last q_len rows are queries, counted row by row
     from the positions (the mask itself where the history has no position, U <= 0)."""
     c1 = max(c - 1, 0)
@@ -128,11 +131,13 @@ def _target_pairs(n: int, t: int, c: int, window: int, q_len: int) -> int:
     if n == 0 or q_len == 0:
         return 0
     if u <= 0:
-        return int(visible_mask(q_len, n, window, 0, targets=(t, c)).sum())
+        return int(visible_mask(q_len, n, window, 0, targets=(t, c, full)).sum())
     w = window if 0 <= window < UNBOUNDED else n
     i = torch.arange(n)
     pi = torch.clamp(torch.clamp(i - c1, min=0), max=u)
     a, b = torch.clamp(pi - w, min=0), pi - 1  # the positions of the keys a row sees (besides itself)
+    if full > 0 and 0 <= window < UNBOUNDED:  # (rows from U - full on: the whole history)
+        a = torch.where(pi >= u - full, 0, a)
 
     def keys_at(lo, hi):  # keys whose position lies in [lo, hi]: c1 + 1 at 0, one at each of 1..u-1, t at u
         zero = ((lo <= 0) & (hi >= 0)).long() * (c1 + 1)

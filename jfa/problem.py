@@ -34,6 +34,7 @@ class Problem:
     row_scale: Optional[Tensor] = None  # [rows] float32, one factor per output row (with an activation)
     num_targets: Optional[Tensor] = None  # [B] int: each sequence's last targets see the history and themselves
     contextual_len: int = 0  # HSTU's contextual prefix (with num_targets: jfa.jagged.target_mask)
+    min_full_attn_len: int = 0  # HSTU's rows past the window's reach (jfa.jagged.target_mask's F)
     bias_position: Optional[Tensor] = None  # a relative bias's tables (jfa.bias: Tables, each [Hq, L] float32, a
     bias_time: Optional[Tensor] = None  # shared one expanded) and the rows' times (int64 [Tq], [Tk]); the op returns
     q_times: Optional[Tensor] = None  # the tables' gradients after q's, k's and v's
@@ -98,8 +99,9 @@ class Problem:
         return self.q_offsets is self.kv_offsets
 
     def mask_scalars(self) -> tuple:
-        """The mask's scalar parameters: the window (left, right), HSTU's contextual prefix."""
-        return self.left, self.right, self.contextual_len
+        """The mask's scalar parameters: the window (left, right), HSTU's contextual prefix and its rows that see the
+        whole history (jfa.geometry.mask_group)."""
+        return self.left, self.right, self.contextual_len, self.min_full_attn_len
 
     @property
     def paged(self) -> bool:

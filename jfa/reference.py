@@ -87,23 +87,23 @@ def _rows_scaled(x, out_scale):
     return x if out_scale == 1.0 else x * out_scale
 
 
-def _targets(num_targets, contextual_len, batch):
-    """Per sequence: (its targets, contextual_len), or None (the window's mask)."""
+def _targets(num_targets, contextual_len, batch, min_full_attn_len=0):
+    """Per sequence: (its targets, contextual_len, min_full_attn_len), or None (the window's mask)."""
     if num_targets is None:
         return [None] * batch
-    return [(t, contextual_len) for t in num_targets.tolist()]
+    return [(t, contextual_len, min_full_attn_len) for t in num_targets.tolist()]
 
 
 def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, broadcast=False,
               compute_dtype=torch.float32, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0,
-              rel_bias=None):
+              rel_bias=None, min_full_attn_len=0):
     """Packed jagged attention (see module doc). ``q_offsets`` is ignored in broadcast mode. num_targets ``[B]``
-    (with contextual_len): HSTU's mask, jfa.jagged.target_mask (self-attention; left is its window). rel_bias: a
-    jfa.bias.Tables (differentiable in its tables)."""
+    (with contextual_len, min_full_attn_len): HSTU's mask, jfa.jagged.target_mask (self-attention; left is its
+    window). rel_bias: a jfa.bias.Tables (differentiable in its tables)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kv_off = kv_offsets.tolist()
     q_off = [b * q.shape[0] for b in range(len(kv_off))] if broadcast else q_offsets.tolist()
-    targets = _targets(num_targets, contextual_len, len(kv_off) - 1)
+    targets = _targets(num_targets, contextual_len, len(kv_off) - 1, min_full_attn_len)
     outs, lses = [], []
     for b in range(len(kv_off) - 1):
         qb = q if broadcast else q[q_off[b]:q_off[b + 1]]
@@ -168,7 +168,7 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
 
 def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale, left=-1, right=-1,
                        broadcast=False, compute_dtype=torch.float32, magnitudes=False, activation="softmax",
-                       out_scale=1.0, num_targets=None, contextual_len=0, rel_bias=None):
+                       out_scale=1.0, num_targets=None, contextual_len=0, rel_bias=None, min_full_attn_len=0):
     """Gradients (dq, dk, dv) of ``attention`` for upstream grads dout ``[rows, Hq, D]`` and dlse
     ``[Hq, rows]`` (or None), and with rel_bias (jfa.bias.Tables) the tables' (dposition, dtime), float32 [Hq, L]
     (None for an absent table). Broadcast: dq sums the batch's contributions in float32."""
@@ -179,7 +179,7 @@ def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
-    targets = _targets(num_targets, contextual_len, len(kv_off) - 1)
+    targets = _targets(num_targets, contextual_len, len(kv_off) - 1, min_full_attn_len)
     tables = None if rel_bias is None else [
         None if t is None else torch.zeros(t.shape, dtype=compute_dtype, device=q.device)
         for t in (rel_bias.position, rel_bias.time)]

@@ -232,6 +232,10 @@ def test_jfa_check_covers_every_score_function_and_hstus_mask(capsys):
      "num_targets is on meta but the offsets are on cpu"),
     (dict(activation="silu", out_scale=torch.tensor([1.0] * 9 + [float("nan")])), ValueError,
      r"out_scale\[9\] = nan is not finite"),
+    (dict(causal=True, min_full_attn_len=3), ValueError, r"min_full_attn_len takes HSTU's window=\(W, 0\)"),
+    (dict(causal=True, window=(4, 0), min_full_attn_len=-1), ValueError, "min_full_attn_len must be a Python int"),
+    (dict(causal=True, window=(4, 0), min_full_attn_len=2, backend="hopper"), ValueError,
+     "backend 'hopper' does not take min_full_attn_len"),
 ])
 def test_bad_recommendation_inputs(kwargs, exc, msg):
     """HSTU's mask's and the per-row out scale's bad values: one clear error naming the argument (and the sequence or
@@ -261,3 +265,18 @@ def test_njt_targets_on_separate_offsets_attend_as_on_one():
     nk, nv = (torch.nested.nested_tensor_from_jagged(x, nq.offsets()) for x in (k, v))
     together = jfa.jagged_attention(nq, nk, nv, causal=True, num_targets=torch.tensor([1, 2]))
     torch.testing.assert_close(apart.values(), together.values(), atol=1e-6, rtol=1e-5)
+
+
+def test_min_full_attn_len_alone_is_hstus_mask_without_targets():
+    """min_full_attn_len with a window and neither targets nor a context: HSTU's mask with zero targets (the last rows
+    see the whole history), as the reference computes it by hand."""
+    from jfa import reference
+    from jfa.jagged import resolve_window
+    q, k, v = qkv()
+    got = jfa.jagged_attention(q, k, v, OFF, causal=True, window=(2, 0), min_full_attn_len=3, backend="reference")
+    left, right = resolve_window(True, (2, 0))
+    want = reference.attention(q, k, v, OFF, OFF, left=left, right=right, num_targets=torch.zeros(2, dtype=OFF.dtype),
+                               min_full_attn_len=3)[0]
+    plain = jfa.jagged_attention(q, k, v, OFF, causal=True, window=(2, 0), backend="reference")
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, plain)  # (its last rows see past the window)

@@ -47,17 +47,18 @@ def test_gpu_auto_is_a_kernel_backend():
 
 
 @pytest.mark.parametrize("activation", ["softmax", "silu"])
-@pytest.mark.parametrize("context,window,serving", [(0, -1, False), (0, 100, False), (1, -1, False), (5, 300, False),
-                                                    (5, 300, True)], ids=str)
-def test_gpu_target_masks(context, window, serving, activation):
+@pytest.mark.parametrize("context,window,serving,full", [(0, -1, False, 0), (0, 100, False, 0), (1, -1, False, 0),
+                                                         (5, 300, False, 0), (5, 300, True, 0), (0, 100, False, 150),
+                                                         (5, 60, True, 40)], ids=str)
+def test_gpu_target_masks(context, window, serving, full, activation):
     """HSTU's mask in the compiled Triton kernels against the float64 rule (jfa.jagged.target_mask): random target
     counts with 0 and all-target sequences, contextual prefixes, windows, GQA, forward and backward; serving: each
-    sequence's last rows as queries."""
+    sequence's last rows as queries; full: the history's last rows see past the window (min_full_attn_len)."""
     lens = GPU_MODES["causal"]["q_lens"]
     case = make_case(*((serving_lens(lens), lens) if serving else (lens, None)), causal=True, window=(window, -1),
                      num_targets="random", contextual_len=context, hq=4, hkv=2, d=128, dtype=torch.bfloat16,
                      device="cuda", seed=context, activation=activation,
-                     out_scale=1.0 if activation == "softmax" else 1 / 512)
+                     out_scale=1.0 if activation == "softmax" else 1 / 512, min_full_attn_len=full)
     out, lse, grads = run(case)
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)

@@ -141,3 +141,40 @@ def test_reference_activation_backward_matches_autograd(activation, mode):
                                        case.kv_offsets, **kw)
     for g, a in zip(got, auto):
         torch.testing.assert_close(g, a, atol=1e-10, rtol=1e-8)
+
+
+def _hstu_valid_mask(n, num_targets, contextual_len, max_attn_len, min_full_attn_len):
+    """HSTU's own rule for one sequence of n rows, as generative-recommenders' PyTorch reference states it (its ids
+    shifted by the context and clamped at the targets, causal, the window max_attn_len unless a row's id reaches
+    max_ids - min_full_attn_len, the first id seeing the history): bool [n, n]."""
+    ids = torch.arange(n)
+    max_ids = n
+    if contextual_len > 0:
+        ids = torch.clamp(ids - contextual_len + 1, min=0)
+        max_ids = max_ids - contextual_len + 1
+    max_ids = max_ids - num_targets
+    ids = torch.clamp(ids, max=max_ids)
+    row, col = ids.view(n, 1), ids.view(1, n)
+    dist = row - col
+    valid = torch.eye(n, dtype=torch.bool) | (dist > 0)
+    if max_attn_len > 0:
+        near = dist <= max_attn_len
+        if min_full_attn_len > 0:
+            near = near | (row >= max_ids - min_full_attn_len)
+        valid = valid & near
+    if contextual_len > 0:
+        valid = valid | ((row == 0) & (col < max_ids))
+    return valid
+
+
+def test_target_mask_with_full_rows_is_hstus_rule():
+    """jfa.jagged.target_mask with min_full_attn_len (and targets, a context, a window) is HSTU's rule, for every
+    target count of sequences of 0 to 40 rows. (HSTU's max_attn_len 0 is no window: jfa's -1; jfa's 0, a row seeing
+    itself alone, HSTU cannot say.)"""
+    for n in (0, 1, 2, 7, 40):
+        for t in range(n + 1):
+            for c, w, f in ((0, 5, 3), (0, 5, 0), (3, 4, 6), (1, 10, 1), (6, 2, 50), (2, 1, 4), (2, -1, 0)):
+                if c > n:
+                    continue
+                got = visible_mask(n, n, w, 0, targets=(t, c, f))
+                assert torch.equal(got, _hstu_valid_mask(n, t, c, max(w, 0), f)), (n, t, c, w, f)

@@ -52,11 +52,11 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
     tiles, costs, heaviest = [], [], []
     for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
         first_tile = len(costs)
-        left, right, context = spec.mask
+        left, right, context, *full = spec.mask
         if num_targets is None:
             mask = visible_mask(lq, lk, left, right)
         else:  # HSTU's mask: the window is the spec's left
-            mask = visible_mask(lq, lk, left, 0, targets=(num_targets[b], context))
+            mask = visible_mask(lq, lk, left, 0, targets=(num_targets[b], context, *full))
         if spec.key_tiles:  # rows are keys here, mask[:, rows] their queries
             lq = lk
         for t in range(-(-lq // spec.block_m)):
@@ -210,15 +210,15 @@ def test_cache_refresh_rebuilds_only_when_the_offsets_change():
 
 
 @triton.jit
-def _target_geometry_kernel(q_offsets, kv_offsets, num_targets, OUT, context, window, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr, TILES: tl.constexpr, LAST_ROWS: tl.constexpr):
+def _target_geometry_kernel(q_offsets, kv_offsets, num_targets, OUT, context, window, full, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, TILES: tl.constexpr, LAST_ROWS: tl.constexpr, FULL: tl.constexpr):
     """Per sequence and tile: a query tile's (lo, hi, full_lo, full_hi) and a key tile's (prefix end, lo, hi,
     full_lo, full_hi) (query tiles of BLOCK_M rows over key blocks of BLOCK_N, key tiles the same way round)."""
     from jfa.geometry import key_blocks, mask_rule, query_blocks, query_prefix, sequence, sequence_bounds
     b = tl.program_id(0)
     t = tl.program_id(1)
     q_start, kv_start, lens = sequence_bounds(q_offsets, kv_offsets, b)
-    rule = mask_rule((num_targets, window, 0, context, LAST_ROWS))
+    rule = mask_rule((num_targets, window, 0, context, LAST_ROWS, full, FULL))
     seq = sequence(b, lens, rule)
     base = OUT + (b * TILES + t) * 9
     lo, f_lo, f_hi, hi = key_blocks(t * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
@@ -245,13 +245,27 @@ TARGET_CASES = {  # lengths, targets, contextual_len, window (HSTU's max_attn_le
     "serving-context-window": ([3, 40, 40, 65, 129, 200, 300], [1, 0, 3, 3, 20, 7, 40], 9, 30,
                                [1, 40, 35, 2, 100, 64, 33]),
     "serving-context": ([12, 40, 129, 200], [2, 5, 0, 200], 9, -1, [10, 39, 129, 190]),
+    # the history's last rows past the window's reach (min_full_attn_len: FULL_ROWS)
+    "targets-window-full": ([1, 40, 65, 129, 200], [1, 0, 3, 20, 7], 0, 17),
+    "context-window-full": ([3, 40, 65, 129, 200], [1, 0, 3, 20, 0], 9, 30),
+    "serving-context-window-full": ([3, 40, 40, 65, 129, 200, 300], [1, 0, 3, 3, 20, 7, 40], 9, 30,
+                                    [1, 40, 35, 2, 100, 64, 33]),
 }
+FULL_ROWS = {"targets-window-full": 50, "context-window-full": 3, "serving-context-window-full": 70}
 
 
 def _target_case(name):
     """(kv lengths, query lengths, targets, contextual_len, window) of TARGET_CASES[name]."""
     lens, targets, context, window, *q_lens = TARGET_CASES[name]
     return lens, (q_lens[0] if q_lens else lens), targets, context, window
+
+
+def _full_rows(n, t, context, full, rows):
+    """Which of a sequence's rows see the whole history past the window (jfa.jagged.target_mask's F)."""
+    c1 = max(context - 1, 0)
+    u = n - t - c1
+    p = torch.clamp(torch.clamp(torch.as_tensor(rows) - c1, min=0), max=u)
+    return (p >= u - full) if full else torch.zeros(p.shape, dtype=torch.bool)
 
 
 @pytest.mark.parametrize("name", list(TARGET_CASES))
@@ -262,16 +276,19 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
     pairs' blocks, and every pair in a full block is visible."""
     from jfa.jagged import UNBOUNDED, visible_mask
     lens, q_lens, targets, context, window = _target_case(name)
+    full = FULL_ROWS.get(name, 0)
     kv_offsets, q_offsets = offsets_of(lens), offsets_of(q_lens)
     nt = torch.tensor(targets, dtype=torch.int32)
     tiles = max(-(-n // min(block_m, block_n)) for n in lens) + 1
     out = torch.full((len(lens), tiles, 9), -7, dtype=torch.int32)
     w = UNBOUNDED if window < 0 else window
-    _target_geometry_kernel[(len(lens), tiles)](q_offsets, kv_offsets, nt, out, context, w, BLOCK_M=block_m,
-                                                BLOCK_N=block_n, TILES=tiles, LAST_ROWS=q_lens is not lens)
+    _target_geometry_kernel[(len(lens), tiles)](q_offsets, kv_offsets, nt, out, context, w, full, BLOCK_M=block_m,
+                                                BLOCK_N=block_n, TILES=tiles, LAST_ROWS=q_lens is not lens,
+                                                FULL=full > 0)
     for b, (lq, n, t) in enumerate(zip(q_lens, lens, targets)):
-        mask = visible_mask(lq, n, window, 0, targets=(t, context))  # [lq, n]
+        mask = visible_mask(lq, n, window, 0, targets=(t, context, full))  # [lq, n]
         shift = n - lq
+        is_full = _full_rows(n, t, context, full, torch.arange(lq) + shift)  # (query rows)
         for tile in range(-(-lq // block_m)):  # query tiles: every row sees at least itself
             lo, hi, f_lo, f_hi = out[b, tile, :4].tolist()
             rows = slice(tile * block_m, (tile + 1) * block_m)
@@ -281,7 +298,8 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
             assert walk[keys].all(), (name, b, tile, lo, hi, keys.tolist())
             assert lo == int(keys.min()) // block_n * block_n and hi == int(keys.max()) + 1, (b, tile, lo, hi)
             assert mask[rows, lo + (f_lo - lo):f_hi].all(), (b, tile, f_lo, f_hi)
-            if tile * block_m + shift >= context and min((tile + 1) * block_m, lq) + shift <= n - t:
+            mixed = bool(is_full[rows].any()) and not bool(is_full[rows].all())  # (those peel the window's)
+            if tile * block_m + shift >= context and min((tile + 1) * block_m, lq) + shift <= n - t and not mixed:
                 # rows in the history (past the context): no whole block they all see is left masked
                 whole = [k for k in range(lo, hi - block_n + 1, block_n) if mask[rows, k:k + block_n].all()]
                 assert all(f_lo <= k < f_hi for k in whole), (name, b, tile, f_lo, f_hi, whole)
@@ -303,7 +321,8 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
             if min((tile + 1) * block_m, n) <= n - t:  # history keys: the whole blocks of history rows that see them
                 top = lq if window < 0 else n - t - shift  # (a bounded window: the blocks below the targets)
                 whole = [m for m in range(max(qlo, pre), min(qhi, top) - block_n + 1, block_n)
-                         if m + shift >= context and mask[m:m + block_n, rows].all()]
+                         if m + shift >= context and mask[m:m + block_n, rows].all()
+                         and not is_full[m:m + block_n].any()]  # (rows past the window: masked, not peeled)
                 assert all(qf_lo <= m < qf_hi for m in whole), (name, b, tile, qf_lo, qf_hi, whole)
 
 
@@ -317,8 +336,8 @@ def test_target_schedule_matches_the_spec(name, key_tiles):
     qo = ko if q_lens is lens else offsets_of(q_lens)
     left, right = resolve_window(True, (window, -1))
     tiles, other = (int(ko[-1]), int(qo[-1])) if key_tiles else (int(qo[-1]), int(ko[-1]))
-    spec = ScheduleSpec(tiles, 2, 32, 16, 5, (left, right, context), targets=True, key_tiles=key_tiles,
-                        last_rows=q_lens is not lens)
+    spec = ScheduleSpec(tiles, 2, 32, 16, 5, (left, right, context, FULL_ROWS.get(name, 0)), targets=True,
+                        key_tiles=key_tiles, last_rows=q_lens is not lens)
     check_against_spec(schedule.build(qo, ko, spec, other, nt), q_lens, lens, spec, targets)
 
 

@@ -140,12 +140,14 @@ def test_triton_activation_deterministic():
         assert torch.equal(a, b)
 
 
-TARGETS = {  # HSTU's mask: lengths, contextual_len, window (HSTU's max_attn_len; -1: none)
+TARGETS = {  # HSTU's mask: lengths, contextual_len, window (HSTU's max_attn_len; -1: none)[, min_full_attn_len]
     "targets": (CPU_MODES["causal"]["q_lens"], 0, -1),
     "targets-window": (CPU_MODES["causal"]["q_lens"], 0, 20),
     "targets-context-1": (CPU_MODES["causal"]["q_lens"], 1, -1),
     "targets-context-5-window": (CPU_MODES["causal"]["q_lens"], 5, 33),
     "serving-context-5-window": (CPU_MODES["causal"]["q_lens"], 5, 33),  # each sequence's last rows as queries
+    "targets-window-full-40": (CPU_MODES["causal"]["q_lens"], 0, 20, 40),  # the last 40 rows see past the window
+    "serving-context-5-window-full-9": (CPU_MODES["causal"]["q_lens"], 5, 33, 9),
 }
 
 
@@ -155,10 +157,11 @@ def test_triton_target_masks(name, activation):
     """HSTU's mask (targets that see the history and themselves, a contextual prefix, a window over positions)
     against the float64 rule (jfa.jagged.target_mask), forward and backward, GQA, random target counts with 0 and
     all-target sequences: every case with softmax, and the hardest with the activations HSTU and GDPA use."""
-    lens, context, window = TARGETS[name]
+    lens, context, window, *full = TARGETS[name]
     q_lens, kv_lens = (serving_lens(lens), lens) if name.startswith("serving") else (lens, None)
     case = make_case(q_lens, kv_lens, causal=True, window=(window, -1), num_targets="random", contextual_len=context,
-                     hq=4, hkv=2, activation=activation, out_scale=1.0 if activation == "softmax" else 0.1, seed=9)
+                     hq=4, hkv=2, activation=activation, out_scale=1.0 if activation == "softmax" else 0.1, seed=9,
+                     min_full_attn_len=full[0] if full else 0)
     out, lse, grads = run_triton(case)
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
