@@ -1,0 +1,121 @@
+"""The bench's correctness gate (jfa.bench.runner): a provider is checked against jfa's reference before it is timed;
+one that is wrong, crashes, is missing, has no backward (serving) or whose backward fails is reported as such."""
+import pytest
+import torch
+
+import jfa
+from jfa.bench import report, runner, suite
+from jfa.bench.peer_providers import SdpaPadded
+from jfa.bench.providers import Jfa, Provider
+from test_bench import brute_pairs
+
+
+class WrongScale(Provider):
+    """A peer that gets the softmax scale wrong (1.25x): the gate must reject it."""
+    name = "wrong-scale"
+
+    def build(self, inp):
+        def fn():
+            return jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, window=inp.window,
+                                        scale=1.25 * inp.scale, backend="reference")
+        return fn, {}
+
+
+class Crashes(Provider):
+    name = "crashes"
+
+    def build(self, inp):
+        raise RuntimeError("CUDA out of memory (pretend)")
+
+
+class NotHere(Provider):
+    name = "not-here"
+
+    def skip_reason(self, inp):
+        return "not installed"
+
+
+def test_gate_rejects_a_wrong_provider():
+    w = suite.Workload("tiny", "self", batch=3, max_len=12, dist="file", heads_q=2, heads_kv=1, head_dim=16,
+                       window=(-1, 0), lengths=(12, 3, 7))
+    providers = [Jfa("reference", explicit=True), WrongScale(), Crashes(), NotHere(), SdpaPadded()]
+    res = runner.run_workload(w, providers, "cpu", cpu_reps=1)
+    r = res["results"]
+    assert r["jfa-reference"]["correct"] is True and r["jfa-reference"]["fwd_ms"] > 0
+    assert r["sdpa-padded"]["correct"] is True and r["sdpa-padded"]["fwd_tflops"] > 0
+    assert r["wrong-scale"]["correct"] is False and "fwd_ms" not in r["wrong-scale"]
+    err, tol = r["wrong-scale"]["check"]["errors"]["out"]
+    assert err > tol
+    assert "out of memory" in r["crashes"]["error"] and "fwd_ms" not in r["crashes"]
+    assert r["not-here"] == {"skip": "not installed", "correct": None}
+    assert res["best_peer"]["fwd"]["provider"] == "sdpa-padded"
+    assert set(res["ratios"]) == {"jfa-reference"}
+    assert res["pairs"] == brute_pairs([12, 3, 7], [12, 3, 7], -1, 0)
+    assert report.provider_status(r["wrong-scale"]).startswith("WRONG (d")  # worst: a gradient
+
+
+@pytest.mark.interpreter
+def test_gate_on_a_prefix_broadcast_with_triton():
+    """The interpreter's Triton kernels pass the gate on a prefix of a broadcast batch."""
+    w = suite.Workload("pma", "broadcast", batch=3, max_len=20, dist="file", q_len=4, heads_q=1, heads_kv=1,
+                       head_dim=16, lengths=(20, 6, 9))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.bfloat16)
+    n = runner.gate_prefix(inp, budget=4 * 20 + 4 * 6)
+    assert n == 2
+    ref = runner.reference_results(inp.prefix(n))
+    fn, _ = Jfa("triton").build(inp)
+    verdict = runner.check(fn, inp, ref, n)
+    assert verdict["correct"], verdict
+    fn, _ = Jfa("reference").build(inp)
+    assert runner.check(fn, inp, ref, n)["correct"]
+    assert not runner.check(lambda: 1.05 * fn(), inp, ref, n)["correct"]
+    assert runner.check(fn, inp, runner.reference_results(inp), 3)["correct"]  # the whole batch
+
+
+def test_forward_only_providers_are_checked_on_the_output_and_timed_forward(monkeypatch):
+    """A serving kernel (no backward): the gate compares its output alone, and only its forward is timed; a wrong
+    output still fails the gate."""
+    w = suite.Workload("t", "cross", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16, q_len=3,
+                       window=(-1, 0), lengths=(9, 4))
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+    ref = runner.reference_results(inp)
+
+    def served(scale=1.0):
+        with torch.no_grad():
+            out = jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, inp.kv_offsets, causal=True)
+        return lambda: out * scale
+    assert runner.check(served(), inp, ref, forward_only=True)["correct"]
+    assert not runner.check(served(1.25), inp, ref, forward_only=True)["correct"]
+    m = runner.measure(served(), inp, 1e9, 2.5e9, forward_only=True)
+    assert m["fwd_ms"] > 0 and m["bwd_ms"] is None
+
+
+class _NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("InductorError: pretend the backward does not compile")
+
+
+class BackwardFails(Provider):
+    """The reference's forward (times `scale`) through a function whose backward raises (as Flex's on a bias)."""
+    name = "backward-fails"
+    scale = 1.0
+
+    def build(self, inp):
+        return lambda: _NoBackward.apply(jfa.jagged_attention(inp.q, inp.k, inp.v, inp.q_offsets, causal=True,
+                                                              backend="reference") * self.scale), {}
+
+
+def test_a_provider_whose_backward_fails_is_gated_and_timed_on_its_forward():
+    w = suite.Workload("tiny", "self", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16,
+                       window=(-1, 0), lengths=(9, 4))
+    wrong = type("WrongForward", (BackwardFails, ), dict(name="wrong-forward", scale=1.25))()
+    r = runner.run_workload(w, [BackwardFails(), wrong], "cpu", cpu_reps=1)["results"]
+    ok = r["backward-fails"]
+    assert ok["correct"] is True and ok["fwd_ms"] > 0 and ok["bwd_ms"] is None
+    assert ok["note"].startswith("backward failed (RuntimeError: InductorError") and "error" not in ok
+    assert r["wrong-forward"]["correct"] is False and "fwd_ms" not in r["wrong-forward"]
