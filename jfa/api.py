@@ -48,12 +48,12 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             A sequence's rows are its keys; in cross-attention (serving: new rows against a cached history and
             themselves, HSTU's cached attention) its queries are its last rows, at most as many as its keys, and
             each query's score is the one its row has in self-attention over the whole sequence.
-        min_full_attn_len: with HSTU's mask and ``window=(W, 0)``, the history's last ``min_full_attn_len`` rows
-            and the targets see the whole history, past the window (HSTU's min_full_attn_seq_len; the portable
-            kernels compute it, "auto" takes them for it).
             Where the offsets are checked, a prefix longer than a (non-empty) sequence, or more queries than keys,
             is an error; where they are trusted (both max lengths for GPU offsets) such a sequence is all prefix,
             as the rule says, and the results of a sequence with more queries than keys are unspecified.
+        min_full_attn_len: with HSTU's mask and ``window=(W, 0)``, the history's last ``min_full_attn_len`` rows
+            and the targets see the whole history, past the window (HSTU's min_full_attn_seq_len; the portable
+            kernels compute it, "auto" takes them for it).
         rel_bias: a jfa.RelativeBias: learned tables of a relative position and a bucketed time difference added
             to every score (HSTU's relative attention bias; the rule: jfa.bias), with the tables' gradients. The
             portable kernels compute it ("auto" takes them); not with broadcast q.
@@ -73,8 +73,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
     """
     options = dict(causal=causal, window=window, scale=scale, activation=activation, out_scale=out_scale,
                    num_targets=num_targets, contextual_len=contextual_len, min_full_attn_len=min_full_attn_len,
-                   rel_bias=rel_bias, backend=backend,
-                   deterministic=deterministic, page_table=page_table, page_size=page_size)
+                   rel_bias=rel_bias, backend=backend, deterministic=deterministic, page_table=page_table,
+                   page_size=page_size)
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
@@ -93,8 +93,7 @@ def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_
     """The jfa.problem.Problem that jagged_attention (or with broadcast=True, broadcast_attention, whose kv
     offsets are then the fourth argument) solves for these arguments (options: causal, window, scale,
     activation, out_scale, num_targets, contextual_len, min_full_attn_len, backend, deterministic, as there),
-    validated: what the
-    benchmarks and tests hand to a backend directly."""
+    validated: what the benchmarks and tests hand to a backend directly."""
     if broadcast:
         return _broadcast_problem(q, k, v, q_offsets, max_kv_len, options)
     q, k, v = checks.check_qkv(q, k, v)

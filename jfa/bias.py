@@ -397,15 +397,15 @@ def add_grads(bias, i_h, pairs, ds, FAST: tl.constexpr):
         q1, split, first, cut = _time_block(bias, pairs, KEYS, FAST)
         # (into one of the head's GRAD_COPIES rows, grad_buffers': a query's by its row's low bits; a pair's by its
         # row's and key's low 3 bits, distinct across a warp's MMA fragment)
-        row = bias[11] + i_h * (GRAD_COPIES * (bias[5] + 1))
+        width = bias[5] + 1  # (a row: NB + 1 entries)
+        row = bias[11] + i_h * (GRAD_COPIES * width)
         if split:  # each query's pairs summed on either side of its cut: two atomics a query at most
-            q_row = row + (tl.max(pairs[2], axis=KEYS) % GRAD_COPIES) * (bias[5] + 1)
+            q_row = row + (tl.max(pairs[2], axis=KEYS) % GRAD_COPIES) * width
             past = _past_cut(q1, _key_times(bias, pairs), cut, KEYS)
             tl.atomic_add(q_row + first, tl.sum(tl.where(in_pairs & ~past, ds, 0.0), axis=KEYS), sem="relaxed")
-            tl.atomic_add(q_row + tl.minimum(first + 1, bias[5]), tl.sum(tl.where(in_pairs & past, ds, 0.0),
-                                                                         axis=KEYS),
-                          mask=cut < float("inf"), sem="relaxed")
+            tl.atomic_add(q_row + tl.minimum(first + 1, bias[5]),
+                          tl.sum(tl.where(in_pairs & past, ds, 0.0), axis=KEYS), mask=cut < float("inf"), sem="relaxed")
         else:
             copy = (pairs[2] % 8) * 8 + pairs[3] % 8
-            tl.atomic_add(row + copy * (bias[5] + 1) + _pair_buckets(bias, pairs, q1, KEYS, FAST), ds, mask=in_pairs,
+            tl.atomic_add(row + copy * width + _pair_buckets(bias, pairs, q1, KEYS, FAST), ds, mask=in_pairs,
                           sem="relaxed")

@@ -74,7 +74,10 @@ def target_mask(i, j, n, num_targets, contextual_len: int, window: int, min_full
     d = pi - pj
     step = d > 0
     if 0 <= window < UNBOUNDED:
-        step = step & ((d <= window) | ((pi >= u - min_full_attn_len) if min_full_attn_len > 0 else False))
+        near = d <= window
+        if min_full_attn_len > 0:
+            near = near | (pi >= u - min_full_attn_len)
+        step = step & near
     vis = (i == j) | step
     if contextual_len > 0:
         vis = vis | ((pi == 0) & (pj < u))
@@ -117,8 +120,7 @@ def visible_pairs(q_lens, kv_lens, left: int = -1, right: int = -1, targets=None
     kv_lens = torch.as_tensor(kv_lens)
     if targets is not None:
         num_targets, c = torch.as_tensor(targets[0]).long().tolist(), targets[1]
-        full = targets[2] if len(targets) > 2 else 0
-        return sum(_target_pairs(n, t, c, left, lq, full)
+        return sum(_target_pairs(n, t, c, left, lq, *targets[2:])
                    for lq, n, t in zip(q_lens.long().tolist(), kv_lens.long().tolist(), num_targets))
     return int(visible_counts_per_row(q_lens, kv_lens, left, right).sum())
 

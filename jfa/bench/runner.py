@@ -9,10 +9,10 @@ PyTorch loses in bf16). For the output and each of dq, dk, dv the provider passe
 
 (FA4's rule: at most twice PyTorch's own error plus one rounding step), with no NaN. A provider that fails
 is reported ``"correct": false`` and not timed. One whose backward raises (FlexAttention's on a biased score_mod
-does not compile) is gated and timed on its forward alone, run without autograd, the error in its note. To keep the reference fast the gate checks a prefix of the
-batch: the first n sequences with sum(Hq * Lq * Lk) <= GATE_BUDGET, at most GATE_SEQS of them (always at least
-one sequence; the skewed workloads' first sequence is the longest), recorded as ``check.seqs`` of
-``check.batch``. The provider itself runs on the whole batch, with the upstream gradient zeroed past the prefix
+does not compile) is gated and timed on its forward alone, run without autograd, the error in its note. To keep the
+reference fast the gate checks a prefix of the batch: the first n sequences with sum(Hq * Lq * Lk) <= GATE_BUDGET,
+at most GATE_SEQS of them (always at least one sequence; the skewed workloads' first sequence is the longest),
+recorded as ``check.seqs`` of ``check.batch``. The provider itself runs on the whole batch, with the upstream gradient zeroed past the prefix
 (see ``check``).
 
 Timing: triton.testing.do_bench (median, p20, p80) of the forward and of forward+backward on CUDA;
@@ -311,8 +311,8 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
                 if forward_only:
                     raise
                 fn, forward_only = _without_autograd(fn), True
-                res["note"] = f"backward failed ({_error_text(e)}): forward alone, without autograd"
                 verdict = check(fn, inp, refs[key], n, forward_only)
+                res["note"] = f"backward failed ({_error_text(e)}): forward alone, without autograd"
             res["check"] = {"seqs": n, "batch": inp.batch, "errors": verdict["errors"]}
             res["correct"] = verdict["correct"]
             if verdict["correct"]:
