@@ -52,8 +52,7 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             is an error; where they are trusted (both max lengths for GPU offsets) such a sequence is all prefix,
             as the rule says, and the results of a sequence with more queries than keys are unspecified.
         min_full_attn_len: with HSTU's mask and ``window=(W, 0)``, the history's last ``min_full_attn_len`` rows
-            and the targets see the whole history, past the window (HSTU's min_full_attn_seq_len; the portable
-            kernels compute it, "auto" takes them for it).
+            and the targets see the whole history, past the window (HSTU's min_full_attn_seq_len).
         rel_bias: a jfa.RelativeBias: learned tables of a relative position and a bucketed time difference added
             to every score (HSTU's relative attention bias; the rule: jfa.bias), with the tables' gradients. The
             portable kernels compute it ("auto" takes them); not with broadcast q.
@@ -203,10 +202,7 @@ def _finish(q, k, v, q_offsets, kv_offsets, broadcast, max_q_len, max_kv_len, *,
     tables = bias.check(rel_bias, q, k, broadcast, q_offsets is kv_offsets, scale)
     if tables is not None and backend == "hopper":
         raise ValueError("backend 'hopper' does not compute a relative bias (rel_bias) yet: use 'triton' or 'auto'")
-    if min_full_attn_len and backend == "hopper":  # (its kernels compile it: not yet run on a GPU)
-        raise ValueError("backend 'hopper' does not take min_full_attn_len yet: use 'triton' or 'auto'")
-    portable = backend == "auto" and ((page_table is not None and page_size % 128) or tables is not None
-                                      or min_full_attn_len > 0)
+    portable = backend == "auto" and ((page_table is not None and page_size % 128) or tables is not None)
     backend = select(backend, q.device, q.shape[2], q.dtype)
     backend = "triton" if portable and backend == "hopper" else backend  # (hopper's key blocks span no page)
     if not isinstance(deterministic, bool):

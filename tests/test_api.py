@@ -234,8 +234,6 @@ def test_jfa_check_covers_every_score_function_and_hstus_mask(capsys):
      r"out_scale\[9\] = nan is not finite"),
     (dict(causal=True, min_full_attn_len=3), ValueError, r"min_full_attn_len takes HSTU's window=\(W, 0\)"),
     (dict(causal=True, window=(4, 0), min_full_attn_len=-1), ValueError, "min_full_attn_len must be a Python int"),
-    (dict(causal=True, window=(4, 0), min_full_attn_len=2, backend="hopper"), ValueError,
-     "backend 'hopper' does not take min_full_attn_len"),
 ])
 def test_bad_recommendation_inputs(kwargs, exc, msg):
     """HSTU's mask's and the per-row out scale's bad values: one clear error naming the argument (and the sequence or

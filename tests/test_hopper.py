@@ -173,11 +173,13 @@ SHORT_LENS = [0, 1, 2, 63, 64, 65, 127, 128, 3]  # GPU_LENS up to the dK/dV pass
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("mode", [m for m in MODES if not MODES[m].get("broadcast_lq") and m != "empty-kv"])
+@pytest.mark.parametrize("mode", [m for m in MODES if not MODES[m].get("broadcast_lq") and m != "empty-kv"]
+                         + ["cross-unmasked"])
 def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d):
     """A max_kv_len within the dK/dV pass's key tile: every dQ comes from the dK/dV pass (DqRoute.DIRECT) and the
-    plan has no dQ pass; against the reference. Without the bound the dQ pass runs (it cannot know)."""
-    kw = dict(MODES[mode], q_lens=SHORT_LENS)
+    plan has no dQ pass; against the reference. Without the bound the dQ pass runs (it cannot know). cross-unmasked:
+    dQ's buffer is not zero-filled there either, but for its sequence of 3 queries and no key (jfa.hopper.dq_buffer)."""
+    kw = dict(MODES.get(mode, dict(kv_lens=None)), q_lens=SHORT_LENS)
     if "kv_lens" in kw:
         kw["kv_lens"] = SHORT_LENS[::-1]
     kw.setdefault("hq", 4)
@@ -186,8 +188,9 @@ def test_hopper_backward_skips_the_dq_pass_by_max_kv_len(mode, d):
     for max_lens in (True, False):
         plan = config.select_bwd(case_problem(case, "hopper", max_lens=max_lens))
         assert plan.dkdv.dq == config.DqRoute.DIRECT and (plan.dq is None) == max_lens
-        # freed NaNs for the caching allocator to hand out again: in self-attention with the bound dQ's buffer is
-        # not zero-filled (jfa.hopper.dq_buffer), and a row no kernel writes cannot pass as zeros
+        # freed NaNs for the caching allocator to hand out again: in self-attention and unmasked cross attention with
+        # the bound dQ's buffer is not zero-filled (jfa.hopper.dq_buffer), and a row no kernel writes cannot pass as
+        # zeros
         torch.full((1 << 24, ), float("nan"), device="cuda")
         out, lse, grads = run_backend(case, "hopper", max_lens=max_lens)
         failures = compare(case, out, lse, grads)
@@ -294,10 +297,12 @@ def test_hopper_activation_deterministic_and_short_q():
     assert not failures, "\n".join(failures)
 
 
-TARGET_MASKS = {  # HSTU's mask on the GPU lengths: contextual_len, window (HSTU's max_attn_len; -1: none); serving:
-    # each sequence's last rows as queries (jfa.testing.serving_lens)
-    "targets": (0, -1), "targets-window": (0, 100), "context-1": (1, -1), "context-5-window": (5, 300),
-    "serving-context-5-window": (5, 300),
+TARGET_MASKS = {  # HSTU's mask on the GPU lengths: contextual_len, window (HSTU's max_attn_len; -1: none),
+    # min_full_attn_len (the history's last rows see past the window); serving: each sequence's last rows as queries
+    # (jfa.testing.serving_lens)
+    "targets": (0, -1, 0), "targets-window": (0, 100, 0), "context-1": (1, -1, 0), "context-5-window": (5, 300, 0),
+    "serving-context-5-window": (5, 300, 0), "full-150-window-100": (0, 100, 150),
+    "serving-context-5-full-40-window-60": (5, 60, 40),
 }
 
 
@@ -312,26 +317,28 @@ def _target_lens(mask):
 def test_hopper_target_masks(mask, activation, d):
     """HSTU's mask (jfa.jagged.target_mask) against the float64 rule, forward and backward, GQA, random target
     counts (0 and all-target sequences among them)."""
-    context, window = TARGET_MASKS[mask]
+    context, window, full = TARGET_MASKS[mask]
     case = make_case(*_target_lens(mask), causal=True, window=(window, -1), num_targets="random",
                      contextual_len=context, hq=8, hkv=2, d=d, dtype=torch.bfloat16, device="cuda", seed=17,
-                     activation=activation, out_scale=1.0 if activation == "softmax" else 1 / 2048)
+                     activation=activation, out_scale=1.0 if activation == "softmax" else 1 / 2048,
+                     min_full_attn_len=full)
     out, lse, grads = run_backend(case, "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("mask", ["context-5-window", "serving-context-5-window"])
+@pytest.mark.parametrize("mask", ["context-5-window", "serving-context-5-window", "full-150-window-100"])
 @pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
 @pytest.mark.parametrize("form", list(FWD_FORMS))
 def test_hopper_target_mask_forms(form, route, mask):
     """HSTU's mask through every forward form and dQ route (handed in), with a context and a window, in
-    self-attention and serving."""
+    self-attention and serving, and with the history's last rows past the window (min_full_attn_len)."""
     cfg, plan = dataclasses.replace(FWD_FORMS[form], posted_items=False), _plan(route, 128)
     plan = dataclasses.replace(plan, dkdv=dataclasses.replace(plan.dkdv, posted_items=False))
-    case = make_case(*_target_lens(mask), causal=True, window=(200, -1), num_targets="random", contextual_len=3,
-                     hq=4, hkv=4, d=128, dtype=torch.bfloat16, device="cuda", seed=18, activation="silu",
-                     out_scale=0.01)
+    full = TARGET_MASKS[mask][2]
+    case = make_case(*_target_lens(mask), causal=True, window=(100 if full else 200, -1), num_targets="random",
+                     contextual_len=3, hq=4, hkv=4, d=128, dtype=torch.bfloat16, device="cuda", seed=18,
+                     activation="silu", out_scale=0.01, min_full_attn_len=full)
     out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
                                   lambda *args: hopper.backward(*args, plan=plan), "hopper")
     failures = compare(case, out, lse, grads)
