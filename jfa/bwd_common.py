@@ -48,6 +48,27 @@ def delta(out, dout, dlse, lse):
     return result
 
 
+@triton.jit
+def zero_keyless_rows_kernel(X, q_offsets, kv_offsets, row_elems, BLOCK: tl.constexpr):
+    """Zero X's rows of sequence program_id(0) (row_elems elements a row) if it has no key, else nothing."""
+    b = tl.program_id(0)
+    start = tl.load(q_offsets + b).to(tl.int64) * row_elems
+    keyless = tl.load(kv_offsets + b + 1) == tl.load(kv_offsets + b)
+    end = tl.where(keyless, tl.load(q_offsets + b + 1).to(tl.int64) * row_elems, start)
+    offs = tl.arange(0, BLOCK)
+    for i in range(start, end, BLOCK):
+        tl.store(X + i + offs, tl.zeros([BLOCK], X.dtype.element_ty), mask=i + offs < end)
+
+
+def zero_keyless_rows(x, q_offsets, kv_offsets):
+    """Zero x's rows ([rows, ...], contiguous) of the sequences with no key: one small program a sequence, no host
+    sync; the other rows untouched."""
+    batch = q_offsets.shape[0] - 1
+    if batch > 0 and x.numel() > 0:
+        zero_keyless_rows_kernel[(batch,)](x, q_offsets, kv_offsets, x[0].numel(), BLOCK=1024)
+    return x
+
+
 def sum_broadcast_dq(dq, q, batch: int, broadcast: bool):
     """dq in q's dtype: in broadcast mode the float32 partials [batch * Lq, Hq, D] summed over their batch (a
     fixed order: deterministic)."""

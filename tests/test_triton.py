@@ -165,3 +165,19 @@ def test_triton_target_masks(name, activation):
     out, lse, grads = run_triton(case)
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_zero_keyless_rows(offsets_dtype):
+    """jfa.bwd_common.zero_keyless_rows: exactly the rows of the sequences with no key become zeros (the dK/dV pass
+    that stores every other row's dQ relies on it), rows of 0 to 2,000 elements' worth of blocks."""
+    from jfa.bwd_common import zero_keyless_rows
+    q_lens, kv_lens = [3, 0, 5, 129, 1, 7], [0, 0, 4, 0, 1, 9]
+    q_off = torch.tensor([0] + q_lens, dtype=offsets_dtype).cumsum(0).to(offsets_dtype)
+    kv_off = torch.tensor([0] + kv_lens, dtype=offsets_dtype).cumsum(0).to(offsets_dtype)
+    x = torch.randn(sum(q_lens), 3, 5).to(torch.bfloat16) + 10  # (no zero anywhere before)
+    want = x.clone()
+    for b, (start, n) in enumerate(zip(q_off.tolist(), q_lens)):
+        if kv_lens[b] == 0:
+            want[start:start + n] = 0
+    assert torch.equal(zero_keyless_rows(x, q_off, kv_off), want)
