@@ -17,4 +17,4 @@ fa4() { mkdir -p /tmp/fa4; cp .fa4/part1/* .fa4/part2/* /tmp/fa4/ 2>/dev/null
         if [ ! -d /tmp/fa4site ] && ls /tmp/fa4/*.part-01 > /dev/null 2>&1; then
           bash scripts/install_fa4.sh /tmp/fa4 /tmp/fa4site > "$OUT/fa4-install.log" 2>&1 || tail -5 "$OUT/fa4-install.log"
         fi
-        if [ -d /tmp/fa4site ]; then export PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages; fi; }
+        if [ -d /tmp/fa4site ]; then export PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}; fi; }
