@@ -45,7 +45,7 @@ def parts(inp):
         CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
 
     def dkdv(route, into=None):
-        cfg = for_problem(select_dkdv(p.head_dim, route), p)
+        cfg = for_problem(select_dkdv(p.head_dim, route, p.rows / p.batch), p)
         return lambda: bwd.dkdv(p, dout, lse, delta, dk, dv, cfg, into)
 
     timed = {"refresh (hit)": (lambda: CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets), 0,

@@ -55,11 +55,11 @@ HOPPER_WGMMA = {("hopper_fwd", 64): 48, ("hopper_fwd", 64, "short"): 24, ("hoppe
                 ("hopper_fwd", 128): 64, ("hopper_dkdv", 64): 96, ("hopper_dkdv", 128): 144,
                 ("hopper_dq", 64): 32, ("hopper_dq", 128): 40, ("hopper_bwd", 64): 144, ("hopper_bwd", 128): 208,
                 ("hopper_dkdv_dq", 64): 144, ("hopper_dkdv_dq", 128): 168, ("hopper_fwd", 128, "short-tile"): 24,
-                ("hopper_bwd", 128, "short-q"): 184}  # (D=128 one pass: the item's deferred dQ flush; D=64's long
+                ("hopper_bwd", 128, "short-q"): 184, ("hopper_dkdv", 128, "short-q"): 120}  # (D=128 one pass: the item's deferred dQ flush; D=64's long
 # forward: two consumers in ping-pong, its short forms one)
 # The one-pass backward (hopper_bwd) spills too: at D=64 the 1-warp producer (24 registers) around its LSE/Delta
 # loads, at D=128 the consumers' loop scalars (dK, dV, dQ accumulators and S^T take 160 of 240 registers).
-HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_bwd", 64): 50, ("hopper_bwd", 128): 950,
+HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_dkdv", 128, "short-q"): 0, ("hopper_bwd", 64): 50, ("hopper_bwd", 128): 950,
                        ("hopper_bwd", 128, "short-q"): 90, ("hopper_dkdv_dq", 64): 80, ("hopper_dkdv_dq", 128): 180,
                        # an activation keeps f'(x) in place of softmax's Delta (jfa.variants): what they compile to
                        ("hopper_bwd", 64, "silu"): 48, ("hopper_dkdv_dq", 64, "silu"): 88, ("hopper_dq", 64, "silu"): 68,
@@ -87,6 +87,8 @@ for d in (64, 128):
                  ("short-tile", compile_fwd(d, torch.bfloat16, broadcast, select_fwd(d, 64)))]
         passes = [("", compile_dkdv(d, torch.bfloat16, broadcast)), ("", compile_dq(d, torch.bfloat16, broadcast)),
                   ("", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.REDUCE)))]
+        if d == 128:  # 32-row (Q, dO) blocks and two K/V sets where q is short (jfa.hopper.config.SHORT_Q_DKDV)
+            passes += [("short-q", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.NONE, 64)))]
         if not broadcast:  # (broadcast q's dQ is summed over the batch: never complete in one item)
             if d == 128:  # 32-row (Q, dO) blocks where sequences have few queries (jfa.hopper.config.SHORT_Q)
                 passes += [("short-q", compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.REDUCE, 32)))]

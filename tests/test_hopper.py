@@ -96,6 +96,18 @@ def test_hopper_one_pass_short_query_blocks(mode):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_dkdv_pass_short_query_blocks(mode):
+    """The two passes at D=128 with the dK/dV pass's 32-row (Q, dO) blocks and two K/V sets
+    (jfa.hopper.config.SHORT_Q_DKDV: broadcast q of 64 rows takes them), whatever the test batch's lengths."""
+    plan = _plan(config.DqRoute.NONE, 128, mean_q_len=config.SHORT_Q_DKDV)
+    assert plan.dkdv.block_m == 32 and plan.dkdv.kv_slots == 2
+    case = _case(mode, 128)
+    out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=plan), "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))

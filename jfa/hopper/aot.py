@@ -150,7 +150,7 @@ def default_forms():
                         forms[f"hfwd-{tag}-{name}"] = (compile_fwd, d, dtype, b, select_fwd(d, mean))
                 routes = [(DqRoute.NONE, float("inf"), "none"), (DqRoute.REDUCE, float("inf"), "reduce")]
                 if d == 128:
-                    routes.append((DqRoute.REDUCE, 32, "reduce-shortq"))
+                    routes += [(DqRoute.REDUCE, 32, "reduce-shortq"), (DqRoute.NONE, 64, "none-shortq")]
                 if not b:  # (broadcast q's dQ is summed over the batch: never complete in one item)
                     routes.append((DqRoute.DIRECT, float("inf"), "direct"))
                 for route, mean_q, name in routes:

@@ -29,6 +29,11 @@ SHORT_TILE_KV = 128
 # were half empty on targets-32), dQ computed transposed (K^T dS^T: wgmma's M is then the head dim), and the room
 # this frees holds a second K/V set. targets-32 backward 2.253 / 2.254 -> 1.629 / 1.627 ms
 SHORT_Q = 32
+# up to this many query rows per sequence the dK/dV pass without dQ at D=128 takes the same 32-row blocks and second
+# K/V set (an item of broadcast q's 64 rows waited on its K/V load: ncu put gdpa-pma's pass at 69% of DRAM bandwidth).
+# dK/dV pass gdpa-pma 1.391 / 1.391 -> 1.190 / 1.231 ms, pma-64 1.479 / 1.480 -> 1.433 / 1.428; at 256 rows
+# (pma-256) 3.283 / 3.302 -> 3.578 / 3.584: 64-row blocks win there
+SHORT_Q_DKDV = 64
 # ring stages of the direct route at D=128 (32-row blocks, two K/V sets, 209 KiB): short-128 backward 2.579 /
 # 2.567 -> 2.312 / 2.315 ms with 2 stages, 2.294 / 2.300 with 3
 DIRECT_STAGES = 3
@@ -113,7 +118,7 @@ class DkdvConfig:
 def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf")) -> DkdvConfig:
     """mean_q_len: query rows per sequence (host-known). Every item runs its query blocks as a masked head, a
     mask-free bulk and a masked tail (+3-8% over a test per block). D=128 without dQ: serial, which spills (340 B)
-    and still beat 32-row blocks by 8-17%. Posted items wherever the K/V sets are two, and in the pass without dQ:
+    and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows. Posted items wherever the K/V sets are two, and in the pass without dQ:
     ncu put 15-20% of targets-32's consumer stall samples on WorkList.item's dependent loads (targets-32 backward
     1.638 -> 1.390 ms, short-128 2.139 -> 1.932, pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the
     schedule (posting there spilled 2,048 B)."""
@@ -126,6 +131,8 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
         # 16 KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%)
         return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
                           kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=head_dim <= 64)
+    if head_dim > 64 and mean_q_len <= SHORT_Q_DKDV:
+        return DkdvConfig(block_m=32, serial=True, stages=2, kv_slots=KV_SLOTS, posted_items=True)
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
 
 
