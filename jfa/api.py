@@ -20,8 +20,8 @@ from .problem import Problem
 
 def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
                      window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
-                     contextual_len=0, min_full_attn_len=0, rel_bias=None, page_table=None, page_size=None,
-                     return_lse=False, backend="auto", deterministic=False):
+                     contextual_len=0, min_full_attn_len=0, num_softmax_heads=0, rel_bias=None, page_table=None,
+                     page_size=None, return_lse=False, backend="auto", deterministic=False):
     """Attention over a packed jagged batch (self-attention, or cross-attention with other kv offsets).
 
     Args:
@@ -53,6 +53,9 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
             as the rule says, and the results of a sequence with more queries than keys are unspecified.
         min_full_attn_len: with HSTU's mask and ``window=(W, 0)``, the history's last ``min_full_attn_len`` rows
             and the targets see the whole history, past the window (HSTU's min_full_attn_seq_len).
+        num_softmax_heads: the first ``num_softmax_heads`` query heads (a multiple of the GQA group) take softmax
+            (no out scale: softmax normalises its rows) and the rest ``activation`` (HSTU's num_softmax_heads):
+            one launch of each kind, over its heads, the outputs concatenated by head.
         rel_bias: a jfa.RelativeBias: learned tables of a relative position and a bucketed time difference added
             to every score (HSTU's relative attention bias; the rule: jfa.bias), with the tables' gradients. The
             portable kernels compute it ("auto" takes them); not with broadcast q.
@@ -74,6 +77,8 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
                    num_targets=num_targets, contextual_len=contextual_len, min_full_attn_len=min_full_attn_len,
                    rel_bias=rel_bias, backend=backend, deterministic=deterministic, page_table=page_table,
                    page_size=page_size)
+    if num_softmax_heads:
+        options["num_softmax_heads"] = num_softmax_heads
     if nested.is_njt(q):  # NJT inputs: unpack to packed + offsets, attend, repack the output on q's offsets
         q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len = nested.unpack_qkv(
             q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len)
@@ -81,10 +86,32 @@ def jagged_attention(q, k, v, q_offsets=None, kv_offsets=None, *, max_q_len=None
                                   return_lse=return_lse, **options)
         out = nested.to_njt(result[0] if return_lse else result, q_offsets, max_len=max_q_len)
         return (out, result[1]) if return_lse else out
+    if num_softmax_heads:
+        checks.check_return_lse(return_lse, activation)
+        return _by_score(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, options)
     p = problem(q, k, v, q_offsets, kv_offsets, max_q_len=max_q_len, max_kv_len=max_kv_len, **options)
     checks.check_return_lse(return_lse, p.activation)
     out, lse = attend(p)
     return (out, lse) if return_lse else out
+
+
+def _by_score(q, k, v, q_offsets, kv_offsets, max_q_len, max_kv_len, options):
+    """num_softmax_heads: the softmax heads' call and the activation heads', concatenated by head (each a kv head
+    slice of its own: the group divides the softmax heads)."""
+    n = options.pop("num_softmax_heads")
+    checks.check_qkv(q, k, v)
+    checks.check_softmax_heads(n, q, k, options["activation"], options["rel_bias"])
+    kw = dict(max_q_len=max_q_len, max_kv_len=max_kv_len)
+    softmax = {**options, "activation": "softmax", "out_scale": 1.0}
+    if n == q.shape[1]:
+        return jagged_attention(q, k, v, q_offsets, kv_offsets, **kw, **softmax)
+    group = q.shape[1] // k.shape[1]
+    # torch.split, not two slices: its backward is one concatenation of the parts' gradients, where each slice's
+    # filled a zeroed whole-size gradient and autograd added the two (hstu-targets' backward +6 ms, 2 + 2 heads)
+    (qa, qb), (ka, kb), (va, vb) = (torch.split(x, [m, x.shape[1] - m], 1) for x, m in
+                                    ((q, n), (k, n // group), (v, n // group)))
+    return torch.cat([jagged_attention(qa, ka, va, q_offsets, kv_offsets, **kw, **softmax),
+                      jagged_attention(qb, kb, vb, q_offsets, kv_offsets, **kw, **options)], 1)
 
 
 def problem(q, k, v, q_offsets=None, kv_offsets=None, *, broadcast=False, max_q_len=None, max_kv_len=None,

@@ -211,6 +211,25 @@ def check_page_values(page_table, page_size, pool_rows, lens):
         raise ValueError(f"page_table[{b}, {i}] = {table[b, i].item()} is not a page of the pool (0 to {pages - 1})")
 
 
+def check_softmax_heads(num_softmax_heads, q, k, activation, rel_bias):
+    """num_softmax_heads (HSTU's): the first query heads take softmax, the rest the activation."""
+    if isinstance(num_softmax_heads, bool) or not isinstance(num_softmax_heads, int):
+        raise TypeError(f"num_softmax_heads must be a Python int, got {num_softmax_heads!r}")
+    if not 0 <= num_softmax_heads <= q.shape[1]:
+        raise ValueError(f"num_softmax_heads must be in [0, {q.shape[1]}] (the query heads), got {num_softmax_heads}")
+    if num_softmax_heads == 0:
+        return
+    if activation == "softmax":
+        raise ValueError("num_softmax_heads: the first heads take softmax in place of the activation the rest take; "
+                         "with activation='softmax' every head does")
+    group = q.shape[1] // k.shape[1]
+    if num_softmax_heads % group:
+        raise ValueError(f"num_softmax_heads must be a multiple of the GQA group ({group} query heads a kv head): a "
+                         f"kv head serves one score function, got {num_softmax_heads}")
+    if rel_bias is not None:
+        raise ValueError("num_softmax_heads does not take a relative bias (rel_bias) yet")
+
+
 def check_return_lse(return_lse, activation):
     if return_lse and activation != "softmax":
         raise ValueError(f"return_lse=True: an lse is softmax's; activation={activation!r} has none")

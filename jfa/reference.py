@@ -94,12 +94,30 @@ def _targets(num_targets, contextual_len, batch, min_full_attn_len=0):
     return [(t, contextual_len, min_full_attn_len) for t in num_targets.tolist()]
 
 
+def _score_parts(q, k, num_softmax_heads):
+    """num_softmax_heads: [(query heads, kv heads, score arguments)] of the first heads, which take softmax (its own
+    normalisation, no out scale), and of the rest, which take the call's activation; parts without heads left out."""
+    group = q.shape[1] // k.shape[1]
+    n, hq, hkv = num_softmax_heads, q.shape[1], k.shape[1]
+    parts = [(slice(0, n), slice(0, n // group), dict(activation="softmax", out_scale=1.0)),
+             (slice(n, hq), slice(n // group, hkv), {})]
+    return [part for part in parts if part[0].stop > part[0].start]
+
+
 def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, broadcast=False,
               compute_dtype=torch.float32, activation="softmax", out_scale=1.0, num_targets=None, contextual_len=0,
-              rel_bias=None, min_full_attn_len=0):
+              rel_bias=None, min_full_attn_len=0, num_softmax_heads=0):
     """Packed jagged attention (see module doc). ``q_offsets`` is ignored in broadcast mode. num_targets ``[B]``
     (with contextual_len, min_full_attn_len): HSTU's mask, jfa.jagged.target_mask (self-attention; left is its
-    window). rel_bias: a jfa.bias.Tables (differentiable in its tables)."""
+    window). rel_bias: a jfa.bias.Tables (differentiable in its tables). num_softmax_heads: the first query heads
+    (a multiple of the GQA group) take softmax, the rest the activation (out concatenated by head)."""
+    if num_softmax_heads:
+        kw = dict(scale=scale, left=left, right=right, broadcast=broadcast, compute_dtype=compute_dtype,
+                  activation=activation, out_scale=out_scale, num_targets=num_targets, contextual_len=contextual_len,
+                  rel_bias=rel_bias, min_full_attn_len=min_full_attn_len)
+        parts = [attention(q[:, hq], k[:, hk], v[:, hk], q_offsets, kv_offsets, **{**kw, **score})
+                 for hq, hk, score in _score_parts(q, k, num_softmax_heads)]
+        return torch.cat([o for o, _ in parts], 1), parts[-1][1]  # (with activation heads, their lse: none)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kv_off = kv_offsets.tolist()
     q_off = [b * q.shape[0] for b in range(len(kv_off))] if broadcast else q_offsets.tolist()
@@ -168,10 +186,19 @@ def attention_one_backward(q, k, v, out, dout, dlse, scale, left, right, compute
 
 def attention_backward(dout, dlse, q, k, v, out, q_offsets, kv_offsets, *, scale, left=-1, right=-1,
                        broadcast=False, compute_dtype=torch.float32, magnitudes=False, activation="softmax",
-                       out_scale=1.0, num_targets=None, contextual_len=0, rel_bias=None, min_full_attn_len=0):
+                       out_scale=1.0, num_targets=None, contextual_len=0, rel_bias=None, min_full_attn_len=0,
+                       num_softmax_heads=0):
     """Gradients (dq, dk, dv) of ``attention`` for upstream grads dout ``[rows, Hq, D]`` and dlse
     ``[Hq, rows]`` (or None), and with rel_bias (jfa.bias.Tables) the tables' (dposition, dtime), float32 [Hq, L]
     (None for an absent table). Broadcast: dq sums the batch's contributions in float32."""
+    if num_softmax_heads:
+        kw = dict(scale=scale, left=left, right=right, broadcast=broadcast, compute_dtype=compute_dtype,
+                  magnitudes=magnitudes, activation=activation, out_scale=out_scale, num_targets=num_targets,
+                  contextual_len=contextual_len, min_full_attn_len=min_full_attn_len)
+        parts = [attention_backward(dout[:, hq], None if dlse is None else dlse[hq], q[:, hq], k[:, hk], v[:, hk],
+                                    out[:, hq], q_offsets, kv_offsets, **{**kw, **score})
+                 for hq, hk, score in _score_parts(q, k, num_softmax_heads)]
+        return tuple(torch.cat(grads, 1) for grads in zip(*parts))
     kv_off = kv_offsets.tolist()
     q_off = [b * q.shape[0] for b in range(len(kv_off))] if broadcast else q_offsets.tolist()
     if activation != "softmax":  # the out scale is a constant factor of each row's output: of its dO

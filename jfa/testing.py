@@ -95,6 +95,7 @@ class Case:
     num_targets: torch.Tensor | None = None  # HSTU's mask (jfa.jagged.target_mask), with contextual_len
     contextual_len: int = 0
     min_full_attn_len: int = 0  # (HSTU's: with its window, the history's last rows see all of it)
+    num_softmax_heads: int = 0  # (HSTU's: the first heads take softmax, the rest the activation)
 
     def options(self) -> dict:
         """The public functions' mask and score arguments for this case."""
@@ -104,13 +105,16 @@ class Case:
             opts.update(num_targets=self.num_targets, contextual_len=self.contextual_len, causal=True)
             if self.min_full_attn_len:
                 opts.update(min_full_attn_len=self.min_full_attn_len)
+        if self.num_softmax_heads:
+            opts.update(num_softmax_heads=self.num_softmax_heads)
         return opts
 
     def mask(self) -> dict:
         """The reference's mask and score arguments."""
         return dict(scale=self.scale, left=self.left, right=self.right, broadcast=self.broadcast,
                     activation=self.activation, out_scale=self.out_scale, num_targets=self.num_targets,
-                    contextual_len=self.contextual_len, min_full_attn_len=self.min_full_attn_len)
+                    contextual_len=self.contextual_len, min_full_attn_len=self.min_full_attn_len,
+                    num_softmax_heads=self.num_softmax_heads)
 
 
 def offsets_of(lengths, device="cpu", dtype=torch.int32):
@@ -122,7 +126,7 @@ def offsets_of(lengths, device="cpu", dtype=torch.int32):
 
 def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, device="cpu", causal=False,
               window=(-1, -1), broadcast_lq=None, seed=0, offsets_dtype=torch.int32, activation="softmax",
-              out_scale=1.0, num_targets=None, contextual_len=0, min_full_attn_len=0) -> Case:
+              out_scale=1.0, num_targets=None, contextual_len=0, min_full_attn_len=0, num_softmax_heads=0) -> Case:
     """Random inputs. Self-attention when kv_lens is None; broadcast mode when broadcast_lq is an int
     (then q_lens is ignored and kv_lens gives the B sequences). out_scale="rows": a random factor per output row.
     num_targets: counts per sequence (HSTU's mask: causal; in cross-attention the queries are each sequence's last
@@ -162,7 +166,7 @@ def make_case(q_lens, kv_lens=None, *, hq=2, hkv=1, d=32, dtype=torch.float32, d
     if num_targets is not None:
         num_targets = torch.as_tensor(num_targets).to(device=device, dtype=offsets_dtype)
     return Case(*tensors, left, right, broadcast, 1.0 / math.sqrt(d), activation, out_scale, num_targets,
-                contextual_len, min_full_attn_len)
+                contextual_len, min_full_attn_len, num_softmax_heads)
 
 
 def reference_results(case: Case, compute_dtype=torch.float64):

@@ -234,6 +234,10 @@ def test_jfa_check_covers_every_score_function_and_hstus_mask(capsys):
      r"out_scale\[9\] = nan is not finite"),
     (dict(causal=True, min_full_attn_len=3), ValueError, r"min_full_attn_len takes HSTU's window=\(W, 0\)"),
     (dict(causal=True, window=(4, 0), min_full_attn_len=-1), ValueError, "min_full_attn_len must be a Python int"),
+    (dict(num_softmax_heads=1), ValueError, "with activation='softmax' every head does"),
+    (dict(activation="silu", num_softmax_heads=5), ValueError, r"num_softmax_heads must be in \[0, 2\]"),
+    (dict(activation="silu", num_softmax_heads=1.0), TypeError, "num_softmax_heads must be a Python int"),
+    (dict(activation="silu", num_softmax_heads=1, return_lse=True), ValueError, "an lse is softmax's"),
 ])
 def test_bad_recommendation_inputs(kwargs, exc, msg):
     """HSTU's mask's and the per-row out scale's bad values: one clear error naming the argument (and the sequence or

@@ -64,6 +64,19 @@ def test_gpu_target_masks(context, window, serving, full, activation):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("backend", ["hopper", "triton"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_softmax_heads(d, backend):
+    """HSTU's num_softmax_heads on the GPU: the first heads softmax, the rest silu, under HSTU's mask with targets
+    and a context, GQA, forward and backward, against the float64 rule per head."""
+    lens = GPU_MODES["causal"]["q_lens"]
+    case = make_case(lens, causal=True, num_targets="random", contextual_len=3, hq=4, hkv=2, d=d, dtype=torch.bfloat16,
+                     device="cuda", seed=d, activation="silu", out_scale=1 / 512, num_softmax_heads=2)
+    out, lse, grads = run_backend(case, backend)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 def test_gpu_no_host_sync_with_max_lens():
     case = make_case([63, 129, 0, 65], hq=4, hkv=4, d=64, dtype=torch.bfloat16, device="cuda")
     q, k, v = (x.detach().clone().requires_grad_() for x in (case.q, case.k, case.v))

@@ -181,3 +181,15 @@ def test_zero_keyless_rows(offsets_dtype):
         if kv_lens[b] == 0:
             want[start:start + n] = 0
     assert torch.equal(zero_keyless_rows(x, q_off, kv_off), want)
+
+
+@pytest.mark.parametrize("hq,hkv,n", [(4, 2, 2), (4, 4, 1), (2, 1, 2)])
+def test_triton_softmax_heads(hq, hkv, n):
+    """HSTU's num_softmax_heads: the first heads take softmax, the rest silu with its out scale, under HSTU's mask
+    (targets, a contextual prefix), against the float64 rule per head, forward and backward; GQA (a kv head a
+    score function), and every head softmax."""
+    case = make_case(CPU_MODES["causal"]["q_lens"], causal=True, num_targets="random", contextual_len=2, hq=hq,
+                     hkv=hkv, activation="silu", out_scale=0.1, num_softmax_heads=n, seed=5)
+    out, lse, grads = run_triton(case)
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
