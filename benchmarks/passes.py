@@ -1,5 +1,6 @@
 """Time the hopper backend's parts apart on the suite (bf16, an sm_90 GPU): the schedule refresh on a cache hit
-and with a rebuild, the forward, Delta, the one-pass backward kernel, the two-pass backward's dK/dV pass (without
+and with a rebuild, the forward, Delta, the one-pass backward kernel (also in its short-q form: 32-row (Q, dO)
+blocks and two K/V sets at D=128, whatever the batch), the two-pass backward's dK/dV pass (without
 and with the direct dQ of single-key-tile sequences) and dQ pass (whole, and skipping those sequences), and each
 whole backward (Delta, zeroing, casts included; given the longest sequence's keys, as `jfa bench`'s calls are).
 Every workload of the suite, the score functions' and HSTU's mask's included.
@@ -19,7 +20,8 @@ from triton.testing import do_bench
 from jfa import hopper
 from jfa.bench import suite
 from jfa.hopper import bwd, bwd_dq
-from jfa.hopper.config import DqRoute, for_problem, fwd_config, query_tile_schedule, select_dkdv, select_dq
+from jfa.hopper.config import (SHORT_Q, DqRoute, for_problem, fwd_config, query_tile_schedule, select_dkdv,
+                               select_dq)
 from jfa.runtime import num_sms
 from jfa.schedule import CACHE
 
@@ -38,6 +40,7 @@ def parts(inp):
     spec = query_tile_schedule(p, p.rows, cfg.block_m, num_sms(q.device) * cfg.ctas_per_sm)
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
     one_pass = for_problem(select_dkdv(p.head_dim, DqRoute.REDUCE, p.rows / p.batch), p)
+    one_pass_32 = for_problem(select_dkdv(p.head_dim, DqRoute.REDUCE, SHORT_Q), p)  # (at D=128: 32-row blocks)
     bounded = p.replace(max_kv_len=inp.max_kv)  # as `jfa bench` calls it
 
     def rebuild():
@@ -54,6 +57,7 @@ def parts(inp):
              "forward": (lambda: hopper.forward(p), 1, "fwd"),
              "delta": (lambda: hopper.row_stats(p, out, lse, inp.dout, None), 0, None),
              "one pass": (lambda: bwd.dkdv(p, dout, lse, delta, dk, dv, one_pass, dq32), 1, "bwd"),
+             "one pass (short-q form)": (lambda: bwd.dkdv(p, dout, lse, delta, dk, dv, one_pass_32, dq32), 1, "bwd"),
              "dkdv": (dkdv(DqRoute.NONE), 4 / 5, "bwd"),
              "dkdv+direct dq": (dkdv(DqRoute.DIRECT, dq), 1, "bwd"),
              "dq": (lambda: bwd_dq.dq_pass(p, dout, lse, delta, dq, select_dq(p.head_dim)), 3 / 5, "bwd"),

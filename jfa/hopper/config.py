@@ -118,10 +118,10 @@ class DkdvConfig:
 def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf")) -> DkdvConfig:
     """mean_q_len: query rows per sequence (host-known). Every item runs its query blocks as a masked head, a
     mask-free bulk and a masked tail (+3-8% over a test per block). D=128 without dQ: serial, which spills (340 B)
-    and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows. Posted items wherever the K/V sets are two, and in the pass without dQ:
-    ncu put 15-20% of targets-32's consumer stall samples on WorkList.item's dependent loads (targets-32 backward
-    1.638 -> 1.390 ms, short-128 2.139 -> 1.932, pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the
-    schedule (posting there spilled 2,048 B)."""
+    and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows. Posted items
+    wherever the K/V sets are two, and in the pass without dQ: ncu put 15-20% of targets-32's consumer stall
+    samples on WorkList.item's dependent loads (targets-32 backward 1.638 -> 1.390 ms, short-128 2.139 -> 1.932,
+    pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the schedule (posting there spilled 2,048 B)."""
     if dq == DqRoute.REDUCE and head_dim > 64 and mean_q_len <= SHORT_Q:
         return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS, posted_items=True)
     if dq == DqRoute.DIRECT and head_dim > 64:
