@@ -264,6 +264,8 @@ class HSTULayer(nn.Module):
         num_buckets: with it (and max_seq_len), HSTU's relative attention bias, learned: a position table of
             2 max_seq_len - 1 entries and a time table of num_buckets + 1 (shared by the heads, HSTU's pos_w and
             ts_w), added to the scores inside the kernels (jfa.RelativeBias.hstu); forward then takes timestamps.
+        num_softmax_heads: the first heads attend by softmax in place of silu / N (HSTU's num_softmax_heads;
+            jfa.jagged_attention's).
     forward(x, offsets, max_len=None, num_targets=None, contextual_len=0, timestamps=None): num_targets (an int
         tensor [B] on the offsets' device) and contextual_len are HSTU's mask (jfa.jagged_attention's; causal only):
         each history's last num_targets[b] rows are candidates that see the history and themselves, never one
@@ -274,8 +276,8 @@ class HSTULayer(nn.Module):
     """
 
     def __init__(self, embed_dim, num_heads, *, head_dim=None, attn_dim=None, causal=True, window=(-1, -1),
-                 max_seq_len=None, scale=None, bias=True, num_buckets=None, backend="auto", attention=None,
-                 device=None, dtype=None):
+                 max_seq_len=None, scale=None, bias=True, num_buckets=None, num_softmax_heads=0, backend="auto",
+                 attention=None, device=None, dtype=None):
         super().__init__()
         if head_dim is None:
             if embed_dim % num_heads:
@@ -286,6 +288,7 @@ class HSTULayer(nn.Module):
         self.attn_dim = attn_dim or head_dim
         self.causal, self.window, self.max_seq_len, self.scale = causal, tuple(window), max_seq_len, scale
         self.backend, self.attention = backend, attention
+        self.num_softmax_heads = num_softmax_heads
         kw = dict(device=device, dtype=dtype)
         self.norm = nn.LayerNorm(embed_dim, **kw)
         self.uvqk = nn.Linear(embed_dim, num_heads * (2 * head_dim + 2 * self.attn_dim), bias=bias, **kw)
@@ -313,7 +316,7 @@ class HSTULayer(nn.Module):
         """num_targets, contextual_len: HSTU's mask (jfa.jagged_attention's): candidates scored in one pass;
         timestamps: the rows' times (int64 [T]), for the relative bias (num_buckets)."""
         values, offsets, max_len, was_njt = _unpack(x, offsets, max_len)
-        extra = _targets(num_targets, contextual_len)
+        extra = self._score_heads(_targets(num_targets, contextual_len))
         if self.pos_w is not None:
             if timestamps is None:
                 raise ValueError("this HSTULayer has a relative bias (num_buckets): forward needs timestamps")
@@ -351,12 +354,16 @@ class HSTULayer(nn.Module):
         n = self.max_seq_len or int(cache.lengths.max().clamp(min=1))
         a = cache.attend(heads(q), offsets, max_q_len=max_len, window=self.window, scale=self.scale,
                          backend=self.backend, causal=True, activation="silu", out_scale=1.0 / n,
-                         **_targets(num_targets, contextual_len))
+                         **self._score_heads(_targets(num_targets, contextual_len)))
         return x + self.out_proj(self.attn_norm(a.flatten(-2)) * u)
+
+    def _score_heads(self, extra: dict) -> dict:
+        return dict(extra, num_softmax_heads=self.num_softmax_heads) if self.num_softmax_heads else extra
 
     def extra_repr(self):
         return (f"{self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, attn_dim={self.attn_dim}, "
-                f"causal={self.causal}, max_seq_len={self.max_seq_len}")
+                f"causal={self.causal}, max_seq_len={self.max_seq_len}"
+                + (f", num_softmax_heads={self.num_softmax_heads}" if self.num_softmax_heads else ""))
 
 
 __all__ = ["JaggedSelfAttention", "JaggedCrossAttention", "PMAPooling", "HSTULayer"]

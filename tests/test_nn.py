@@ -120,13 +120,16 @@ def test_torch_nn_conventions():
         layer(torch.randn(3, 16, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (True, (6, -1)), (False, (-1, -1))],
-                         ids=["causal", "causal-window", "full"])
-def test_hstu_layer_matches_by_hand(causal, window):
+@pytest.mark.parametrize("causal,window,softmax_heads", [(True, (-1, -1), 0), (True, (6, -1), 0),
+                                                        (False, (-1, -1), 0), (True, (-1, -1), 1)],
+                         ids=["causal", "causal-window", "full", "causal-1-softmax-head"])
+def test_hstu_layer_matches_by_hand(causal, window, softmax_heads):
     """jfa.nn.HSTULayer against the HSTU block written out with the reference's SiLU attention: U, V, Q, K =
-    split(silu(uvqk(norm(x)))), A = silu(scale q . k) v / N over the visible keys, x + out_proj(norm(A) * U)."""
+    split(silu(uvqk(norm(x)))), A = silu(scale q . k) v / N over the visible keys (softmax on the first
+    num_softmax_heads), x + out_proj(norm(A) * U)."""
     torch.manual_seed(0)
-    layer = jfa.nn.HSTULayer(64, 4, attn_dim=16, causal=causal, window=window, max_seq_len=40, backend="triton")
+    layer = jfa.nn.HSTULayer(64, 4, attn_dim=16, causal=causal, window=window, max_seq_len=40, backend="triton",
+                             num_softmax_heads=softmax_heads)
     off = offsets_of(LENS)
     x = torch.randn(int(off[-1]), 64)
     left, right = resolve_window(causal, window)
@@ -136,7 +139,7 @@ def test_hstu_layer_matches_by_hand(causal, window):
         u, v, q, k = F.silu(F.linear(h, p["uvqk.weight"], p["uvqk.bias"])).split((64, 64, 64, 64), -1)
         a, _ = reference.attention(_heads(q, 4), _heads(k, 4), _heads(v, 4), off, off, scale=1 / math.sqrt(16),
                                    left=left, right=right, compute_dtype=torch.float64, activation="silu",
-                                   out_scale=1 / 40)
+                                   out_scale=1 / 40, num_softmax_heads=softmax_heads)
         a = F.layer_norm(a.flatten(-2), (64, ), p["attn_norm.weight"], p["attn_norm.bias"])
         return x + F.linear(a * u, p["out_proj.weight"], p["out_proj.bias"])
     _check(layer, by_hand, x, off)

@@ -208,15 +208,15 @@ def test_paged_keys_are_forward_only_and_checked():
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("layer", ["self-attention", "hstu"])
+@pytest.mark.parametrize("layer", ["self-attention", "hstu", "hstu-1-softmax-head"])
 def test_layers_serve_the_rows_forward_gives(layer):
     """A layer's serve(): the histories appended first (their rows served: forward's on the histories), then a
     request's new rows with HSTU's targets among them: forward's rows on the whole sequences (causal; one user with
     no new rows, one with no history). (A contextual prefix sees the whole history, so its rows served before the
     new rows came are the histories', not the whole sequences'.)"""
     torch.manual_seed(0)
-    if layer == "hstu":
-        m = jfa.nn.HSTULayer(32, 2, max_seq_len=64, backend="triton")
+    if layer.startswith("hstu"):
+        m = jfa.nn.HSTULayer(32, 2, max_seq_len=64, backend="triton", num_softmax_heads=int(layer != "hstu"))
     else:
         m = jfa.nn.JaggedSelfAttention(32, 2, num_kv_heads=1, causal=True, window=(20, 0), backend="triton")
     hist, new = [9, 30, 0, 17], [3, 0, 5, 2]
