@@ -195,3 +195,13 @@ def tile_table(offsets: torch.Tensor, block: int, rows: int) -> torch.Tensor:
     tile = idx - (ends - tiles)[seq_c]
     table = torch.stack([torch.where(valid, seq_c, -1), torch.where(valid, tile, 0)])
     return table.to(torch.int32)
+
+
+def score_heads(num_heads: int, num_kv_heads: int, num_softmax_heads: int) -> list:
+    """HSTU's num_softmax_heads: [(query heads, kv heads, score arguments)] in head order, the first
+    num_softmax_heads query heads (a multiple of the GQA group) by softmax (its own normalisation, no out scale),
+    the rest by the call's activation ({}: the call's own); a part without heads left out."""
+    group = num_heads // num_kv_heads
+    n = num_softmax_heads
+    parts = [(n, n // group, dict(activation="softmax", out_scale=1.0)), (num_heads - n, num_kv_heads - n // group, {})]
+    return [part for part in parts if part[0]]

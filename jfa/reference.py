@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import bias as rel
-from .jagged import visible_mask
+from .jagged import score_heads, visible_mask
 
 _C0, _C1 = math.sqrt(2.0 / math.pi), 0.044715  # the tanh form of GELU
 
@@ -95,13 +95,12 @@ def _targets(num_targets, contextual_len, batch, min_full_attn_len=0):
 
 
 def _score_parts(q, k, num_softmax_heads):
-    """num_softmax_heads: [(query heads, kv heads, score arguments)] of the first heads, which take softmax (its own
-    normalisation, no out scale), and of the rest, which take the call's activation; parts without heads left out."""
-    group = q.shape[1] // k.shape[1]
-    n, hq, hkv = num_softmax_heads, q.shape[1], k.shape[1]
-    parts = [(slice(0, n), slice(0, n // group), dict(activation="softmax", out_scale=1.0)),
-             (slice(n, hq), slice(n // group, hkv), {})]
-    return [part for part in parts if part[0].stop > part[0].start]
+    """jfa.jagged.score_heads as (query head slice, kv head slice, score arguments)."""
+    parts, hq, hk = [], 0, 0
+    for nq, nk, score in score_heads(q.shape[1], k.shape[1], num_softmax_heads):
+        parts.append((slice(hq, hq + nq), slice(hk, hk + nk), score))
+        hq, hk = hq + nq, hk + nk
+    return parts
 
 
 def attention(q, k, v, q_offsets, kv_offsets, *, scale=None, left=-1, right=-1, broadcast=False,
