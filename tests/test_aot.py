@@ -89,6 +89,8 @@ for d in (64, 128):
                   ("", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.REDUCE)))]
         if d == 128:  # 32-row (Q, dO) blocks and two K/V sets where q is short (jfa.hopper.config.SHORT_Q_DKDV)
             passes += [("short-q", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.NONE, 64)))]
+        if d == 128 and broadcast:  # broadcast q of <= SHORT_Q_DKDV rows: the one pass in the short-q form
+            passes += [("short-q", compile_dkdv(d, torch.bfloat16, True, select_dkdv(d, DqRoute.REDUCE, 64, True)))]
         if not broadcast:  # (broadcast q's dQ is summed over the batch: never complete in one item)
             if d == 128:  # 32-row (Q, dO) blocks where sequences have few queries (jfa.hopper.config.SHORT_Q)
                 passes += [("short-q", compile_dkdv(d, torch.bfloat16, False, select_dkdv(d, DqRoute.REDUCE, 32)))]

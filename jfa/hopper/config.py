@@ -115,14 +115,17 @@ class DkdvConfig:
         return self.dq == DqRoute.DIRECT
 
 
-def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf")) -> DkdvConfig:
-    """mean_q_len: query rows per sequence (host-known). Every item runs its query blocks as a masked head, a
+def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf"),
+                broadcast: bool = False) -> DkdvConfig:
+    """mean_q_len: query rows per sequence (host-known; broadcast q: its Lq). Every item runs its query blocks as a masked head, a
     mask-free bulk and a masked tail (+3-8% over a test per block). D=128 without dQ: serial, which spills (340 B)
     and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows. Posted items
     wherever the K/V sets are two, and in the pass without dQ: ncu put 15-20% of targets-32's consumer stall
     samples on WorkList.item's dependent loads (targets-32 backward 1.638 -> 1.390 ms, short-128 2.139 -> 1.932,
-    pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the schedule (posting there spilled 2,048 B)."""
-    if dq == DqRoute.REDUCE and head_dim > 64 and mean_q_len <= SHORT_Q:
+    pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the schedule (posting there spilled 2,048 B). The one
+    pass at D=128 takes 32-row blocks and two K/V sets up to SHORT_Q query rows, or broadcast q's SHORT_Q_DKDV
+    (dq_route)."""
+    if dq == DqRoute.REDUCE and head_dim > 64 and mean_q_len <= (SHORT_Q_DKDV if broadcast else SHORT_Q):
         return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS, posted_items=True)
     if dq == DqRoute.DIRECT and head_dim > 64:
         return DkdvConfig(block_m=32, dq=dq, stages=DIRECT_STAGES, dq_stages=1, kv_slots=KV_SLOTS,
@@ -136,16 +139,19 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
 
 
-def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> DqRoute:
-    """REDUCE (not deterministic: float32 adds in any order) except: broadcast q at D=128, where it reduce-adds
-    Lq x D float32 per key tile (pma-256: 6.51 vs 5.81 ms two passes; elsewhere one pass measured 0.96-1.18x);
+def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False,
+             q_len: float = float("inf")) -> DqRoute:
+    """REDUCE (not deterministic: float32 adds in any order) except: broadcast q at D=128 past SHORT_Q_DKDV rows
+    (q_len), where it reduce-adds Lq x D float32 per key tile (pma-256: 6.51 vs 5.81 ms two passes; elsewhere one
+    pass measured 0.96-1.18x; up to 64 rows, in the short-q form, backward pma-64 2.132 / 2.138 -> 1.835 / 1.824 ms,
+    gdpa-pma 1.944 / 1.923 -> 1.834 / 1.832);
     batches of at most 128 mean keys per sequence, where the float32 dQ's zero fill and cast are not paid back
     (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass won by 5-18%): there (not broadcast, and also when
     deterministic) DIRECT, whose dQ pass skips the sequences the dK/dV pass covered (short-128 3.37 -> 2.78 ms)."""
     short = mean_kv_len <= 128
     if short and not broadcast:
         return DqRoute.DIRECT
-    if deterministic or short or (broadcast and head_dim > 64):
+    if deterministic or short or (broadcast and head_dim > 64 and q_len > SHORT_Q_DKDV):
         return DqRoute.NONE
     return DqRoute.REDUCE
 
@@ -175,8 +181,8 @@ def select_bwd(p: Problem) -> BwdPlan:
     sequence has more keys than the dK/dV pass's key tile (walking every item to skip it took 0.2-0.3 ms on
     short-128)."""
     batch = max(p.batch, 1)
-    route = dq_route(p.head_dim, p.broadcast, p.k.shape[0] / batch, p.deterministic)
-    dkdv = for_problem(select_dkdv(p.head_dim, route, p.rows / batch), p)
+    route = dq_route(p.head_dim, p.broadcast, p.k.shape[0] / batch, p.deterministic, p.rows / batch)
+    dkdv = for_problem(select_dkdv(p.head_dim, route, p.rows / batch, p.broadcast), p)
     if route == DqRoute.REDUCE:
         return BwdPlan(dkdv, None)
     skip_kv = dkdv.block_n if route == DqRoute.DIRECT else 0
