@@ -5,9 +5,44 @@ import jfa  # noqa: F401  (turns on Triton's interpreter on a machine without CU
 from jfa.runtime import interpreting
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run the I-th of N parts of the selected tests (1-based), every case of a test function in "
+                          "one part: the GPU suite in two device calls of at most 10 minutes each")
+
+
+def _shard(items, index: int, count: int) -> set:
+    """The test functions (file, name) of part `index` of `count`: functions by case count, largest first, each
+    into the part with the fewest cases so far (ties by name): the same parts on every run of the same selection,
+    and on every xdist worker."""
+    groups = {}
+    for item in items:
+        key = (str(item.path), getattr(item, "originalname", item.name))
+        groups[key] = groups.get(key, 0) + 1
+    load = [0] * count
+    mine = set()
+    for key, n in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0])):
+        part = min(range(count), key=lambda i: (load[i], i))
+        load[part] += n
+        if part == index - 1:
+            mine.add(key)
+    return mine
+
+
+@pytest.hookimpl(trylast=True)  # (after -m and -k have deselected theirs: the parts split what is left)
 def pytest_collection_modifyitems(config, items):
     """gpu: needs CUDA. interpreter: runs the Triton kernels on CPU tensors, which needs Triton's interpreter
-    (on by default on a machine with no GPU; a GPU machine runs the `gpu` tests instead)."""
+    (on by default on a machine with no GPU; a GPU machine runs the `gpu` tests instead). --shard I/N: part I."""
+    shard = config.getoption("--shard")
+    if shard:
+        index, count = (int(x) for x in shard.split("/"))
+        if not 1 <= index <= count:
+            raise pytest.UsageError(f"--shard {shard}: I must lie in 1..N")
+        mine = _shard(items, index, count)
+        keep = [it for it in items if (str(it.path), getattr(it, "originalname", it.name)) in mine]
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
+        items[:] = keep
     no_gpu = pytest.mark.skip(reason="needs a CUDA device")
     no_interp = pytest.mark.skip(reason="Triton runs compiled here (CUDA present); the gpu tests cover it")
     for item in items:

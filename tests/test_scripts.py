@@ -36,3 +36,22 @@ def test_mufu_chains_compile_to_one_operation_an_iteration():
         counts = ast.literal_eval(lines[op.ljust(5)])
         expect = {"FFMA": 8 * per_thread, **({want: 8 * per_thread} if want else {})}
         assert counts == expect, (op, counts)
+
+
+def test_gpu_suite_shards_split_it_whole():
+    """tests/conftest.py's --shard I/N (the GPU suite in device calls of at most 10 minutes): the parts of the GPU
+    tests are disjoint, together every test, each test function's cases in one part, and about even."""
+    root = Path(__file__).parents[1]
+
+    def collected(*args):
+        res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "-m", "gpu", *args, "tests"], capture_output=True, text=True, cwd=root, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        return {line for line in res.stdout.splitlines() if "::" in line}
+
+    whole = collected()
+    parts = [collected("--shard", f"{i}/3") for i in (1, 2, 3)]
+    assert len(whole) > 100 and set().union(*parts) == whole and sum(map(len, parts)) == len(whole)
+    functions = [{n.split("[")[0] for n in part} for part in parts]
+    assert not (functions[0] & functions[1]) and not (functions[0] & functions[2]) and not (functions[1] & functions[2])
+    assert max(map(len, parts)) < 0.5 * len(whole)
