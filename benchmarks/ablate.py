@@ -82,6 +82,15 @@ ABLATIONS = {
     "fwd no exp": ("softmax's exponential in the forward (P = the scaled S minus the row max; with --part forward)", [
         ("variants.py", "p = tl.exp2(s * qk_scale - tl.expand_dims(m_scaled, 1))",
          "p = s * qk_scale - tl.expand_dims(m_scaled, 1)")]),
+    "fwd no O store": ("the forward's O and LSE stores (the math stays: a store whose test no row passes; with "
+                       "--part forward)", [
+        ("hopper/fwd.py", "    if row0 < tile.q_len:\n        _store(", "    if row0 + tile.q_len < 0:\n        _store(")]),
+    "fwd Q always ready": ("the forward's Q loads: an item's Q block is ready once its slot is free (with --part "
+                           "forward)", [
+        ("hopper/buffers.py",
+         "            mbarrier.expect(bar, a_desc.block_type.nbytes)\n"
+         "            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))",
+         "            mbarrier.arrive(bar, count=1)")]),
     "ring always full": ("the (Q, dO) ring's TMA loads: a slot is ready once claimed (the forward's too)", [
         ("hopper/buffers.py",
          "            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)\n"
@@ -136,7 +145,7 @@ def _run(cmd, path: Path, timeout: int, **env) -> subprocess.CompletedProcess:
 _CHECK = """
 import torch
 from jfa.hopper.aot import compile_dkdv, compile_fwd
-from jfa.hopper.config import DqRoute, select_dkdv
+from jfa.hopper.config import DqRoute, select_dkdv, select_fwd
 for route in (DqRoute.REDUCE, DqRoute.DIRECT):
     r = compile_dkdv(128, torch.bfloat16, cfg=select_dkdv(128, route))
     print(f"{route.name}: wgmma {r.wgmma}, regs {r.registers}, spill {r.spill_bytes} B", end="; ")
@@ -144,6 +153,8 @@ print()
 for act in ("softmax", "gelu_tanh"):
     r = compile_fwd(128, torch.bfloat16, activation=act)
     print(f"fwd {act}: regs {r.registers}, spill {r.spill_bytes} B", end="; ")
+    r = compile_fwd(128, torch.bfloat16, cfg=select_fwd(128, 64), activation=act)  # (the short-tile form)
+    print(f"short fwd {act}: wgmma {r.wgmma}, regs {r.registers}, spill {r.spill_bytes} B", end="; ")
 print()
 """
 
