@@ -103,16 +103,17 @@ class Jfa(Provider):
         w = inp.workload
         # Both max lengths given: no host sync inside the timed region (the offsets are trusted).
         score = self.score(inp)
+        max_q, max_kv = inp.max_q, inp.max_kv  # (host ints, read once: not the timed call's work)
         if w.broadcast:
             def call(q_offsets, kv_offsets):
-                out = jfa.broadcast_attention(inp.q, inp.k, inp.v, kv_offsets, max_kv_len=inp.max_kv,
+                out = jfa.broadcast_attention(inp.q, inp.k, inp.v, kv_offsets, max_kv_len=max_kv,
                                               backend=self.backend, **score)
                 return out.view(-1, out.shape[2], out.shape[3])
         else:
             def call(q_offsets, kv_offsets):
                 kv_offsets = None if kv_offsets is q_offsets else kv_offsets  # self-attention, as users call it
-                return jfa.jagged_attention(inp.q, inp.k, inp.v, q_offsets, kv_offsets, max_q_len=inp.max_q,
-                                            max_kv_len=inp.max_kv, backend=self.backend, **score)
+                return jfa.jagged_attention(inp.q, inp.k, inp.v, q_offsets, kv_offsets, max_q_len=max_q,
+                                            max_kv_len=max_kv, backend=self.backend, **score)
         extras = {}
         if inp.q.device.type == "cuda":
             extras["new_offsets_ms"] = _new_offsets_ms(call, inp)
