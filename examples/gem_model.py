@@ -148,6 +148,8 @@ def main(argv=None):
         raise SystemExit(f"--attention hstu needs generative-recommenders' HSTU kernels: {peers.hstu_available()}")
     if args.attention == "hstu-cuda" and peers.hstu_cuda_available():
         raise SystemExit(f"--attention hstu-cuda needs HSTU's CUDA kernel: {peers.hstu_cuda_available()}")
+    if args.attention == "hstu3-cuda" and peers.hstu3_cuda_available():
+        raise SystemExit(f"--attention hstu3-cuda needs NVIDIA's HSTU kernel: {peers.hstu3_cuda_available()}")
     if args.attention == "gdpa":
         refusal = peers.gdpa_available() or peers.gdpa_refusal(args.activation, (-1, 0) if args.causal else (-1, -1),
                                                                1.0)

@@ -11,6 +11,7 @@ a real training loop and to compare it end to end with other attention kernels.
   "fa4"     flash_attn.cute.flash_attn_varlen_func (flash-attn-4, CUDA only, when installed); the same
   "padded"  pad to [B, L, H, D] and F.scaled_dot_product_attention with a boolean mask
   "hstu", "hstu-cuda"  HSTU's Triton and CUDA kernels in HSTU layers (hstu=True; the pooling stays jfa's)
+  "hstu3-cuda"  NVIDIA's HSTU kernel (FBGEMM's), the same way
   "gdpa"    GDPA's Triton kernel in the blocks (an activation, not causal; the pooling stays jfa's)
 Also here: the synthetic click data (skewed lengths, as the benchmark suite), AUC, and the rank partitions.
 """

@@ -10,6 +10,8 @@ imported when called.
   hstu_attention     HSTU's Triton kernel (meta-recsys/generative-recommenders, when importable: scripts/carry_hstu.sh)
                      for silu attention, causal, with a 1 / N out scale
   hstu_cuda_attention  HSTU's CUDA kernel (FA3-based, sm_90a; built by scripts/build_hstu_cuda.sh), the same terms
+  hstu3_cuda_attention  NVIDIA's HSTU kernel (pytorch/FBGEMM experimental/hstu, "HSTU-3", sm_90a; built by
+                     scripts/build_hstu3_cuda.sh), the same terms without a window
   gdpa_attention     GDPA's Triton kernel (ads_model_kernel_library, when importable: scripts/carry_gdpa.sh) for
                      activation attention without a causal mask
   broadcast_of(f)    broadcast q for a kernel that has no such mode: q repeated per sequence (timed with it)
@@ -269,6 +271,66 @@ def hstu_cuda_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, 
                                    None, max(left, 0), 0, contextual_len, None, None, None, False, False)
 
 
+HSTU3_DIR = Path(__file__).resolve().parents[1] / ".peers" / "hstu3_cuda"
+
+
+@functools.lru_cache(maxsize=None)
+def hstu3_cuda():
+    """NVIDIA's HSTU package (its hstu_attn_varlen_func, an autograd.Function over torch.ops.fbgemm.hstu_varlen_*_90),
+    imported from .peers/hstu3_cuda (scripts/build_hstu3_cuda.sh) under the name fbgemm_hstu; its library.py loads
+    the built .so on import."""
+    import importlib.util
+    import sys
+    init = HSTU3_DIR / "hstu" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("fbgemm_hstu", init, submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fbgemm_hstu"] = module  # (its modules import each other relatively)
+    spec.loader.exec_module(module)
+    return module
+
+
+def hstu3_cuda_available() -> str | None:
+    """None, or why NVIDIA's HSTU kernel is not here."""
+    lib = HSTU3_DIR / "hstu" / "fbgemm_gpu_experimental_hstu.so"
+    if not lib.exists():
+        return f"no {lib.relative_to(HSTU3_DIR.parents[1])} (scripts/build_hstu3_cuda.sh)"
+    try:
+        hstu3_cuda()
+    except Exception as e:  # an ABI or CUDA mismatch
+        return f"{type(e).__name__}: {str(e)[:120]}"
+    return None if hasattr(torch.ops.fbgemm, "hstu_varlen_fwd_90") else "its library registers no hstu_varlen_fwd_90"
+
+
+def hstu3_refusal(self_attention, left, right, activation, out_scale) -> str | None:
+    """None, or why NVIDIA's HSTU kernel as built (scripts/build_hstu3_cuda.sh: causal, context and targets; no
+    window) cannot compute this: causal silu self-attention, out_scale 1 / N for an int N (its scaling_seqlen)."""
+    return hstu_refusal(self_attention, right, activation, out_scale, 0) or (
+        "NVIDIA's HSTU kernel is built without windows (HSTU_DISABLE_LOCAL)" if left >= 0 else None)
+
+
+def hstu3_cuda_attention(q, k, v, q_offsets, kv_offsets=None, *, max_q_len=None, max_kv_len=None, causal=False,
+                         window=(-1, -1), scale=None, activation="softmax", out_scale=1.0, num_targets=None,
+                         contextual_len=0):
+    """NVIDIA's HSTU kernel as its users call it (hstu_attn_varlen_func): silu(alpha q k^T) v / scaling_seqlen, alpha
+    = scale, scaling_seqlen = N = 1 / out_scale; causal as window (-1, 0); int32 offsets, targets and contexts per
+    sequence (its context: a sequence's first rows see every key before its targets, as HSTU's); k and v repeated
+    per query head (no GQA)."""
+    left, right = causal_window(causal, window)
+    refusal = hstu3_refusal(kv_offsets is None or kv_offsets is q_offsets, left, right, activation, out_scale)
+    if refusal:
+        raise ValueError(refusal)
+    k, v = kv_per_q_head(q, k, v)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    offsets = q_offsets.to(torch.int32)
+    max_len = _max_len(q_offsets, max_q_len)
+    batch = offsets.numel() - 1
+    targets = None if num_targets is None else num_targets.to(torch.int32)
+    contexts = None if not contextual_len else torch.full((batch, ), contextual_len, dtype=torch.int32,
+                                                          device=q.device)
+    return hstu3_cuda().hstu_attn_varlen_func(q, k, v, offsets, offsets, None, None, max_len, max_len,
+                                              round(1.0 / out_scale), contexts, targets, 1, (-1, 0), scale)
+
+
 def hstu_cached_refusal(q_lens, right, activation, out_scale, max_len) -> str | None:
     """None, or why HSTU's cached kernel (serving) cannot compute this: besides hstu_refusal's terms, every
     sequence's queries are its last rows, one count for all (its DeltaSize: rows // B)."""
@@ -382,5 +444,6 @@ KERNELS = {  # impl -> (jagged attention, broadcast attention) for jfa.nn's `att
     "padded": (padded_attention, broadcast_of(padded_attention)),
     "hstu": (hstu_attention, None),
     "hstu-cuda": (hstu_cuda_attention, None),
+    "hstu3-cuda": (hstu3_cuda_attention, None),
     "gdpa": (gdpa_attention, None),
 }

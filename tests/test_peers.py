@@ -61,6 +61,20 @@ def test_hstu_peer_refuses_what_its_kernel_cannot_compute():
         assert "causal silu self-attention" in hstu_refusal(*args, 10)
 
 
+def test_hstu3_peer_refuses_what_its_build_cannot_compute():
+    """NVIDIA's HSTU kernel as scripts/build_hstu3_cuda.sh builds it: causal silu self-attention scaled by 1 / N (its
+    scaling_seqlen: any N, not a grid bound), no window; without the built library it says how to build it."""
+    from jfa.peers import hstu3_cuda_available, hstu3_refusal
+    assert hstu3_refusal(True, -1, 0, "silu", 1 / 512) is None  # (N below the longest sequence: only a scale here)
+    assert "without windows" in hstu3_refusal(True, 100, 0, "silu", 1 / 4096)
+    for args in ((False, -1, 0, "silu", 1 / 64), (True, -1, -1, "silu", 1 / 64), (True, -1, 0, "gelu", 1 / 64),
+                 (True, -1, 0, "silu", 0.3)):
+        assert "causal silu self-attention" in hstu3_refusal(*args)
+    import jfa.peers
+    if not (jfa.peers.HSTU3_DIR / "hstu" / "fbgemm_gpu_experimental_hstu.so").exists():
+        assert "scripts/build_hstu3_cuda.sh" in hstu3_cuda_available()
+
+
 def test_gdpa_peer_takes_the_activations_it_has_without_a_causal_mask():
     from jfa.peers import GDPA_ACTIVATIONS, gdpa_refusal
     from jfa.reference import ACTIVATIONS

@@ -8,6 +8,7 @@ its own users call it, through jfa.peers.
                  its formula written out in PyTorch on the same padded tensors (jfa.peers.PaddedSDPA)
   compiled-padded  the same formula under torch.compile (activation workloads)
   hstu, hstu-cuda  HSTU's Triton and CUDA kernels (causal silu self-attention, out scale 1 / N)
+  hstu3-cuda       NVIDIA's HSTU kernel (FBGEMM's experimental/hstu: the same terms, no window)
   hstu-cached    HSTU's cached Triton kernel (serving, forward only)
   gdpa, gdpa-persistent  GDPA's Triton kernel (activations, no causal mask)
   fa4-softmax    FA4 in softmax on an activation workload's shape (a yardstick: not in the ratios)
@@ -297,6 +298,20 @@ class HSTUCuda(HSTU):
     available = staticmethod(peers.hstu_cuda_available)
 
 
+class HSTU3Cuda(HSTU):
+    """NVIDIA's HSTU kernel (pytorch/FBGEMM fbgemm_gpu/experimental/hstu, "HSTU-3", FlashAttention-3-based), as its
+    users call it (hstu_attn_varlen_func)."""
+    name = "hstu3-cuda"
+    needs = "scripts/build_hstu3_cuda.sh (objects anywhere, link on the GPU machine); causal silu self-attention"
+    attention = staticmethod(peers.hstu3_cuda_attention)
+    available = staticmethod(peers.hstu3_cuda_available)
+
+    def skip_reason(self, inp):
+        w = inp.workload
+        return (peers.hstu3_refusal(w.mode == "self", inp.window[0], inp.window[1], w.activation, w.out_scale)
+                or self.available() or peer_checks(inp))
+
+
 class HSTUCached(Provider):
     """HSTU's cached Triton kernel (serving: the new rows against each cached history), as its users call it
     (triton_cached_hstu_mha)."""
@@ -361,5 +376,5 @@ class GdpaPersistent(Gdpa):
     persistent = True
 
 
-PEERS = (TorchVarlen, FA4, FA4Softmax, Flex, SdpaPadded, CompiledPadded, HSTU, HSTUCuda, HSTUCached, Gdpa,
+PEERS = (TorchVarlen, FA4, FA4Softmax, Flex, SdpaPadded, CompiledPadded, HSTU, HSTUCuda, HSTU3Cuda, HSTUCached, Gdpa,
          GdpaPersistent)
