@@ -84,7 +84,8 @@ ABLATIONS = {
          "p = s * qk_scale - tl.expand_dims(m_scaled, 1)")]),
     "fwd no O store": ("the forward's O and LSE stores (the math stays: a store whose test no row passes; with "
                        "--part forward)", [
-        ("hopper/fwd.py", "    if row0 < tile.q_len:\n        _store(", "    if row0 + tile.q_len < 0:\n        _store(")]),
+        ("hopper/fwd.py", "    if row0 < tile.q_len:\n        _store(",
+         "    if row0 + tile.q_len < 0:\n        _store(")]),
     "fwd Q always ready": ("the forward's Q loads: an item's Q block is ready once its slot is free (with --part "
                            "forward)", [
         ("hopper/buffers.py",

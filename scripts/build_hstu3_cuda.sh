@@ -57,16 +57,8 @@ case "${1:-}" in
         -Isrc/hstu_hopper -Icutlass/include' ;;
   link)
     cd "$dir"
-    py=${PY:-python}
-    inc=$($py -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")
-    libs=$($py -c "from torch.utils.cpp_extension import library_paths; print(' '.join('-L' + p for p in library_paths()))")
-    abi=$($py -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
-    pyinc=$($py -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-    # the toolkit's root as nvcc itself reports it (nvcc may be a wrapper script elsewhere on PATH)
-    cuda=$(cd "$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p')" && pwd)
-    # the ATen CUDA headers want cusparse.h etc.: the toolkit's, and the pip nvidia-* packages' where torch has them;
+    source "$root/scripts/torch_ext_flags.sh"  # inc, libs, abi, pyinc, cuda, extra
     # CUDA 13 moved <cuda/std/...> (CUTLASS's) to include/cccl, which nvcc adds itself and g++ must be told
-    extra=$($py -c "import glob, os, site; print(' '.join('-I' + d for p in site.getsitepackages() for d in glob.glob(os.path.join(p, 'nvidia', '*', 'include'))))")
     [ -s obj/hstu_ops_gpu.o ] || g++ -c src/hstu_hopper/hstu_ops_gpu.cpp -o obj/hstu_ops_gpu.o -O3 -std=c++17 -fPIC \
       -D_GLIBCXX_USE_CXX11_ABI=$abi -DTORCH_EXTENSION_NAME=fbgemm_gpu_experimental_hstu -DTORCH_API_INCLUDE_EXTENSION_H \
       $features $inc -I"$pyinc" -I"$cuda/include" -I"$cuda/include/cccl" $extra -Isrc/hstu_hopper -Icutlass/include

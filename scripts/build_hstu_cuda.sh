@@ -37,14 +37,7 @@ case "${1:-}" in
         -I'"$(dirname $src)"' -Icutlass/include' ;;
   link)
     cd "$dir"
-    py=${PY:-python}
-    inc=$($py -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")
-    libs=$($py -c "from torch.utils.cpp_extension import library_paths; print(' '.join('-L' + p for p in library_paths()))")
-    abi=$($py -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
-    pyinc=$($py -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-    cuda=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-    # the ATen CUDA headers want cusparse.h etc.: the toolkit's, and the pip nvidia-* packages' where torch has them
-    extra=$($py -c "import glob, os, site; print(' '.join('-I' + d for p in site.getsitepackages() for d in glob.glob(os.path.join(p, 'nvidia', '*', 'include'))))")
+    source "$root/scripts/torch_ext_flags.sh"  # inc, libs, abi, pyinc, cuda, extra
     for f in flash_api flash_common flash_api_cpu flash_common_cpu; do
       # C++20: flash_api calls get<0>(tuple) unqualified (ADL for explicit template arguments is C++20's) and
       # flash_api_cpu has default arguments nvcc rejects (hence g++)

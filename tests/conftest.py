@@ -11,14 +11,18 @@ def pytest_addoption(parser):
                           "one part: the GPU suite in two device calls of at most 10 minutes each")
 
 
+def _function(item) -> tuple:
+    """The test function an item is a case of: (file, name)."""
+    return str(item.path), getattr(item, "originalname", item.name)
+
+
 def _shard(items, index: int, count: int) -> set:
     """The test functions (file, name) of part `index` of `count`: functions by case count, largest first, each
     into the part with the fewest cases so far (ties by name): the same parts on every run of the same selection,
     and on every xdist worker."""
     groups = {}
     for item in items:
-        key = (str(item.path), getattr(item, "originalname", item.name))
-        groups[key] = groups.get(key, 0) + 1
+        groups[_function(item)] = groups.get(_function(item), 0) + 1
     load = [0] * count
     mine = set()
     for key, n in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -39,10 +43,8 @@ def pytest_collection_modifyitems(config, items):
         if not 1 <= index <= count:
             raise pytest.UsageError(f"--shard {shard}: I must lie in 1..N")
         mine = _shard(items, index, count)
-        keep = [it for it in items if (str(it.path), getattr(it, "originalname", it.name)) in mine]
-        kept = set(map(id, keep))
-        config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
-        items[:] = keep
+        config.hook.pytest_deselected(items=[it for it in items if _function(it) not in mine])
+        items[:] = [it for it in items if _function(it) in mine]
     no_gpu = pytest.mark.skip(reason="needs a CUDA device")
     no_interp = pytest.mark.skip(reason="Triton runs compiled here (CUDA present); the gpu tests cover it")
     for item in items:

@@ -117,11 +117,11 @@ class DkdvConfig:
 
 def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf"),
                 broadcast: bool = False) -> DkdvConfig:
-    """mean_q_len: query rows per sequence (host-known; broadcast q: its Lq). Every item runs its query blocks as a masked head, a
-    mask-free bulk and a masked tail (+3-8% over a test per block). D=128 without dQ: serial, which spills (340 B)
-    and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows. Posted items
-    wherever the K/V sets are two, and in the pass without dQ: ncu put 15-20% of targets-32's consumer stall
-    samples on WorkList.item's dependent loads (targets-32 backward 1.638 -> 1.390 ms, short-128 2.139 -> 1.932,
+    """mean_q_len: query rows per sequence (host-known; broadcast q: its Lq). Every item runs its query blocks as a
+    masked head, a mask-free bulk and a masked tail (+3-8% over a test per block). D=128 without dQ: serial, which
+    spills (340 B) and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows.
+    Posted items wherever the K/V sets are two, and in the pass without dQ: ncu put 15-20% of targets-32's consumer
+    stall samples on WorkList.item's dependent loads (targets-32 backward 1.638 -> 1.390 ms, short-128 2.139 -> 1.932,
     pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the schedule (posting there spilled 2,048 B). The one
     pass at D=128 takes 32-row blocks and two K/V sets up to SHORT_Q query rows, or broadcast q's SHORT_Q_DKDV
     (dq_route)."""
@@ -142,12 +142,12 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
 def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False,
              q_len: float = float("inf")) -> DqRoute:
     """REDUCE (not deterministic: float32 adds in any order) except: broadcast q at D=128 past SHORT_Q_DKDV rows
-    (q_len), where it reduce-adds Lq x D float32 per key tile (pma-256: 6.51 vs 5.81 ms two passes; elsewhere one
-    pass measured 0.96-1.18x; up to 64 rows, in the short-q form, backward pma-64 2.132 / 2.138 -> 1.835 / 1.824 ms,
-    gdpa-pma 1.944 / 1.923 -> 1.834 / 1.832);
-    batches of at most 128 mean keys per sequence, where the float32 dQ's zero fill and cast are not paid back
-    (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass won by 5-18%): there (not broadcast, and also when
-    deterministic) DIRECT, whose dQ pass skips the sequences the dK/dV pass covered (short-128 3.37 -> 2.78 ms)."""
+    (q_len), where it reduce-adds Lq x D float32 per key tile (pma-256: 6.51 vs 5.81 ms two passes; elsewhere one pass
+    measured 0.96-1.18x; up to SHORT_Q_DKDV rows the one pass in its short-q form won: backward pma-64 2.132 / 2.138 ->
+    1.835 / 1.824 ms, gdpa-pma 1.944 / 1.923 -> 1.834 / 1.832); batches of at most 128 mean keys per sequence, where the
+    float32 dQ's zero fill and cast are not paid back (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass won by
+    5-18%): there (not broadcast, and also when deterministic) DIRECT, whose dQ pass skips the sequences the dK/dV pass
+    covered (short-128 3.37 -> 2.78 ms)."""
     short = mean_kv_len <= 128
     if short and not broadcast:
         return DqRoute.DIRECT
