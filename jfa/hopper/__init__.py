@@ -70,8 +70,8 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     route = plan.dkdv.dq
-    if route == DqRoute.REDUCE and p.broadcast:  # one slab of Lq rows per CTA, summed afterwards
-        batch = num_sms(q.device)
+    if route == DqRoute.REDUCE and p.broadcast:  # slabs of Lq rows (DkdvConfig.dq_slabs), summed afterwards
+        batch = plan.dkdv.dq_slabs or num_sms(q.device)
         rows = batch * q.shape[0]
     dq_dtype = torch.float32 if p.broadcast or route == DqRoute.REDUCE else q.dtype
     dq = dq_buffer(p, (rows, p.heads, p.head_dim), dq_dtype, route == DqRoute.DIRECT and plan.dq is None)

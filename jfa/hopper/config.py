@@ -103,6 +103,8 @@ class DkdvConfig:
     dq_stages: int = 1  # DqRoute.REDUCE: float32 dQ chunks in flight per consumer
     kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
     posted_items: bool = False  # each item posted beside its K/V, then an end mark (ItemOperands.post)
+    dq_slabs: int = 0  # broadcast q, DqRoute.REDUCE: float32 dQ slabs of Lq rows, CTA s adds into s % dq_slabs
+    # (0: one a CTA); fewer slabs stay in L2 under the streaming K/V, at the price of CTAs adding into the same rows
 
     @property
     def one_pass(self) -> bool:
