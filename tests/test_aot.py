@@ -86,7 +86,7 @@ for d in (64, 128):
                  ("short", compile_fwd(d, torch.bfloat16, broadcast, select_fwd(d, 300))),
                  ("short-tile", compile_fwd(d, torch.bfloat16, broadcast, select_fwd(d, 64)))]
         passes = [("", compile_dkdv(d, torch.bfloat16, broadcast)), ("", compile_dq(d, torch.bfloat16, broadcast)),
-                  ("", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.REDUCE)))]
+                  ("", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.REDUCE, broadcast=broadcast)))]
         if d == 128:  # 32-row (Q, dO) blocks and two K/V sets where q is short (jfa.hopper.config.SHORT_Q_DKDV)
             passes += [("short-q", compile_dkdv(d, torch.bfloat16, broadcast, select_dkdv(d, DqRoute.NONE, 64)))]
         if d == 128 and broadcast:  # broadcast q of <= SHORT_Q_DKDV rows: the one pass in the short-q form

@@ -34,6 +34,11 @@ SHORT_Q = 32
 # dK/dV pass gdpa-pma 1.391 / 1.391 -> 1.190 / 1.231 ms, pma-64 1.479 / 1.480 -> 1.433 / 1.428; at 256 rows
 # (pma-256) 3.283 / 3.302 -> 3.578 / 3.584: 64-row blocks win there
 SHORT_Q_DKDV = 64
+# float32 dQ slabs (of Lq rows) broadcast q's one pass adds into: one a CTA (132 x Lq x D float32) missed L2 under
+# the streaming K/V (ncu: 6.5 GB moved for 4.4 GB of operands); all CTAs into one slab stay in it. Backward,
+# per-CTA slabs -> 8 slabs -> 1 slab: gdpa-pma 1.820 / 1.823 -> 1.616 / 1.978 -> 1.606 / 1.624 ms, pma-256 6.229 /
+# 6.259 -> 4.866 / 4.815 -> 4.572 / 4.664 (its two passes, the old default: 5.661 / 5.996)
+BROADCAST_DQ_SLABS = 1
 # ring stages of the direct route at D=128 (32-row blocks, two K/V sets, 209 KiB): short-128 backward 2.579 /
 # 2.567 -> 2.312 / 2.315 ms with 2 stages, 2.294 / 2.300 with 3
 DIRECT_STAGES = 3
@@ -119,6 +124,12 @@ class DkdvConfig:
 
 def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf"),
                 broadcast: bool = False) -> DkdvConfig:
+    """_dkdv_form's config; broadcast q's one pass adds dQ into BROADCAST_DQ_SLABS float32 slab(s) of Lq rows."""
+    cfg = _dkdv_form(head_dim, dq, mean_q_len, broadcast)
+    return dataclasses.replace(cfg, dq_slabs=BROADCAST_DQ_SLABS) if broadcast and dq == DqRoute.REDUCE else cfg
+
+
+def _dkdv_form(head_dim: int, dq: DqRoute, mean_q_len: float, broadcast: bool) -> DkdvConfig:
     """mean_q_len: query rows per sequence (host-known; broadcast q: its Lq). Every item runs its query blocks as a
     masked head, a mask-free bulk and a masked tail (+3-8% over a test per block). D=128 without dQ: serial, which
     spills (340 B) and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows.
@@ -141,19 +152,17 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
 
 
-def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False,
-             q_len: float = float("inf")) -> DqRoute:
-    """REDUCE (not deterministic: float32 adds in any order) except: broadcast q at D=128 past SHORT_Q_DKDV rows
-    (q_len), where it reduce-adds Lq x D float32 per key tile (pma-256: 6.51 vs 5.81 ms two passes; elsewhere one pass
-    measured 0.96-1.18x; up to SHORT_Q_DKDV rows the one pass in its short-q form won: backward pma-64 2.132 / 2.138 ->
-    1.835 / 1.824 ms, gdpa-pma 1.944 / 1.923 -> 1.834 / 1.832); batches of at most 128 mean keys per sequence, where the
-    float32 dQ's zero fill and cast are not paid back (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass won by
-    5-18%): there (not broadcast, and also when deterministic) DIRECT, whose dQ pass skips the sequences the dK/dV pass
-    covered (short-128 3.37 -> 2.78 ms)."""
+def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"),
+             deterministic: bool = False) -> DqRoute:
+    """REDUCE (not deterministic: float32 adds in any order) except batches of at most 128 mean keys per sequence,
+    where the float32 dQ's zero fill and cast are not paid back (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass
+    won by 5-18%): there (not broadcast, and also when deterministic) DIRECT, whose dQ pass skips the sequences the
+    dK/dV pass covered (short-128 3.37 -> 2.78 ms). Broadcast q takes the one pass at every Lq since its dQ went into
+    one slab (BROADCAST_DQ_SLABS; with one slab a CTA, pma-256's one pass had lost: 6.51 vs 5.81 ms two passes)."""
     short = mean_kv_len <= 128
     if short and not broadcast:
         return DqRoute.DIRECT
-    if deterministic or short or (broadcast and head_dim > 64 and q_len > SHORT_Q_DKDV):
+    if deterministic or short:
         return DqRoute.NONE
     return DqRoute.REDUCE
 
@@ -183,7 +192,7 @@ def select_bwd(p: Problem) -> BwdPlan:
     sequence has more keys than the dK/dV pass's key tile (walking every item to skip it took 0.2-0.3 ms on
     short-128)."""
     batch = max(p.batch, 1)
-    route = dq_route(p.head_dim, p.broadcast, p.k.shape[0] / batch, p.deterministic, p.rows / batch)
+    route = dq_route(p.head_dim, p.broadcast, p.k.shape[0] / batch, p.deterministic)
     dkdv = for_problem(select_dkdv(p.head_dim, route, p.rows / batch, p.broadcast), p)
     if route == DqRoute.REDUCE:
         return BwdPlan(dkdv, None)
