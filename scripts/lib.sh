@@ -14,7 +14,9 @@ setup() { bash scripts/setup_venv.sh > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT
 step() { local limit=$1; shift; timeout -k 10 "$limit" "$@"; local rc=$?
          echo "== rc $rc (limit ${limit}s): $*" | cut -c1-160; return $rc; }
 fa4() { mkdir -p /tmp/fa4; cp .fa4/part1/* .fa4/part2/* /tmp/fa4/ 2>/dev/null
-        if [ ! -d /tmp/fa4site ] && ls /tmp/fa4/*.part-01 > /dev/null 2>&1; then
-          bash scripts/install_fa4.sh /tmp/fa4 /tmp/fa4site > "$OUT/fa4-install.log" 2>&1 || tail -5 "$OUT/fa4-install.log"
+        # both halves, in either order of the two calls; a failed install is removed so that the next call retries
+        if [ ! -d /tmp/fa4site ] && ls /tmp/fa4/*.part-00 /tmp/fa4/*.part-01 > /dev/null 2>&1; then
+          bash scripts/install_fa4.sh /tmp/fa4 /tmp/fa4site > "$OUT/fa4-install.log" 2>&1 ||
+            { tail -5 "$OUT/fa4-install.log"; rm -rf /tmp/fa4site; }
         fi
         if [ -d /tmp/fa4site ]; then export PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}; fi; }
