@@ -11,7 +11,6 @@ import torch
 from ..bwd_common import delta, scaled_rows, sum_broadcast_dq, zero_keyless_rows
 from ..jagged import UNBOUNDED
 from ..problem import Problem
-from ..runtime import num_sms
 from .config import BwdPlan, DqRoute, FwdConfig, bwd_classes
 
 HEAD_DIMS = (64, 128)
@@ -71,7 +70,7 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     route = plan.dkdv.dq
     if route == DqRoute.REDUCE and p.broadcast:  # slabs of Lq rows (DkdvConfig.dq_slabs), summed afterwards
-        batch = plan.dkdv.dq_slabs or num_sms(q.device)
+        batch = plan.dkdv.dq_slabs
         rows = batch * q.shape[0]
     dq_dtype = torch.float32 if p.broadcast or route == DqRoute.REDUCE else q.dtype
     dq = dq_buffer(p, (rows, p.heads, p.head_dim), dq_dtype, route == DqRoute.DIRECT and plan.dq is None)

@@ -242,8 +242,8 @@ def kernel_args(p: Problem, descs, grads: tuple, lse, delta, sched) -> tuple:
 
 def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_range=(0, UNBOUNDED)):
     """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and dQ by cfg.dq: DqRoute.REDUCE, added into dq
-    (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode slabs of Lq rows (cfg.dq_slabs, or
-    one per CTA: num_sms); DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile. Only the
+    (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode cfg.dq_slabs slabs of Lq rows;
+    DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile. Only the
     sequences whose key count lies in kv_range (a length class: jfa.hopper.config.bwd_classes)."""
     check_posted(cfg, p)
     q, k, v = p.q, p.k, p.v

@@ -34,11 +34,6 @@ SHORT_Q = 32
 # dK/dV pass gdpa-pma 1.391 / 1.391 -> 1.190 / 1.231 ms, pma-64 1.479 / 1.480 -> 1.433 / 1.428; at 256 rows
 # (pma-256) 3.283 / 3.302 -> 3.578 / 3.584: 64-row blocks win there
 SHORT_Q_DKDV = 64
-# float32 dQ slabs (of Lq rows) broadcast q's one pass adds into: one a CTA (132 x Lq x D float32) missed L2 under
-# the streaming K/V (ncu: 6.5 GB moved for 4.4 GB of operands); all CTAs into one slab stay in it. Backward,
-# per-CTA slabs -> 8 slabs -> 1 slab: gdpa-pma 1.820 / 1.823 -> 1.616 / 1.978 -> 1.606 / 1.624 ms, pma-256 6.229 /
-# 6.259 -> 4.866 / 4.815 -> 4.572 / 4.664 (its two passes, the old default: 5.661 / 5.996)
-BROADCAST_DQ_SLABS = 1
 # ring stages of the direct route at D=128 (32-row blocks, two K/V sets, 209 KiB): short-128 backward 2.579 /
 # 2.567 -> 2.312 / 2.315 ms with 2 stages, 2.294 / 2.300 with 3
 DIRECT_STAGES = 3
@@ -108,8 +103,11 @@ class DkdvConfig:
     dq_stages: int = 1  # DqRoute.REDUCE: float32 dQ chunks in flight per consumer
     kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
     posted_items: bool = False  # each item posted beside its K/V, then an end mark (ItemOperands.post)
-    dq_slabs: int = 0  # broadcast q, DqRoute.REDUCE: float32 dQ slabs of Lq rows, CTA s adds into s % dq_slabs
-    # (0: one a CTA); fewer slabs stay in L2 under the streaming K/V, at the price of CTAs adding into the same rows
+    # broadcast q, DqRoute.REDUCE: float32 dQ slabs of Lq rows, CTA s adds into s % dq_slabs, summed afterwards. One
+    # a CTA (132 x Lq x D) missed L2 under the streaming K/V (ncu: 6.5 GB moved for 4.4 GB of operands); one slab
+    # stays in it. Backward, a slab a CTA -> 8 -> 1: gdpa-pma 1.820 / 1.823 -> 1.616 / 1.978 -> 1.606 / 1.624 ms,
+    # pma-256 6.229 / 6.259 -> 4.866 / 4.815 -> 4.572 / 4.664 (its two passes, the default then: 5.661 / 5.996)
+    dq_slabs: int = 1
 
     @property
     def one_pass(self) -> bool:
@@ -124,12 +122,6 @@ class DkdvConfig:
 
 def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = float("inf"),
                 broadcast: bool = False) -> DkdvConfig:
-    """_dkdv_form's config; broadcast q's one pass adds dQ into BROADCAST_DQ_SLABS float32 slab(s) of Lq rows."""
-    cfg = _dkdv_form(head_dim, dq, mean_q_len, broadcast)
-    return dataclasses.replace(cfg, dq_slabs=BROADCAST_DQ_SLABS) if broadcast and dq == DqRoute.REDUCE else cfg
-
-
-def _dkdv_form(head_dim: int, dq: DqRoute, mean_q_len: float, broadcast: bool) -> DkdvConfig:
     """mean_q_len: query rows per sequence (host-known; broadcast q: its Lq). Every item runs its query blocks as a
     masked head, a mask-free bulk and a masked tail (+3-8% over a test per block). D=128 without dQ: serial, which
     spills (340 B) and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows.
@@ -158,7 +150,7 @@ def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"),
     where the float32 dQ's zero fill and cast are not paid back (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass
     won by 5-18%): there (not broadcast, and also when deterministic) DIRECT, whose dQ pass skips the sequences the
     dK/dV pass covered (short-128 3.37 -> 2.78 ms). Broadcast q takes the one pass at every Lq since its dQ went into
-    one slab (BROADCAST_DQ_SLABS; with one slab a CTA, pma-256's one pass had lost: 6.51 vs 5.81 ms two passes)."""
+    one slab (DkdvConfig.dq_slabs; with one slab a CTA, pma-256's one pass had lost: 6.51 vs 5.81 ms two passes)."""
     short = mean_kv_len <= 128
     if short and not broadcast:
         return DqRoute.DIRECT

@@ -43,7 +43,7 @@ class DqStage:
     empty: gl.shared_memory_descriptor
     STAGES: gl.constexpr
     CHUNKS: gl.constexpr  # chunks per (Q, dO) block: HEAD_DIM // DQ_COLS
-    SLABS: gl.constexpr  # broadcast q: the float32 slabs the CTAs add into (DkdvConfig.dq_slabs; 0: one a CTA)
+    SLABS: gl.constexpr  # broadcast q: the float32 slabs the CTAs add into (DkdvConfig.dq_slabs)
 
     @constexpr_function
     def __init__(self, ds, ds_full, ds_free, dq, full, empty, STAGES, CHUNKS, SLABS):
@@ -59,7 +59,7 @@ class DqStage:
 
     @gluon.jit
     def alloc(dtype: gl.constexpr, dq_desc, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              CONSUMERS: gl.constexpr, STAGES: gl.constexpr, REDUCE: gl.constexpr, SLABS: gl.constexpr = 0):
+              CONSUMERS: gl.constexpr, STAGES: gl.constexpr, REDUCE: gl.constexpr, SLABS: gl.constexpr = 1):
         """REDUCE: with the float32 chunk ring for the writer; else (dQ stored by the consumers themselves,
         jfa.hopper.config.DQ_DIRECT) only dS^T and its barriers, and the ring's fields alias them, unused."""
         # rows of BLOCK_M 16-bit elements: 128 bytes (the 128-byte swizzle) at 64, 64 at 32
@@ -166,8 +166,8 @@ def dq_chunk(it, t, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
 @gluon.jit
 def _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage):
     """Writer: block it's chunks (rows m0..), in order from their owners -> (the next block's count, the last slot)."""
-    # broadcast q: this CTA's slab of Lq rows, one of stage.SLABS (0: one a CTA; the slabs are summed afterwards)
-    slab = gl.program_id(0) if stage.SLABS == 0 else gl.program_id(0) % stage.SLABS
+    # broadcast q: this CTA's slab of Lq rows, one of stage.SLABS (summed afterwards)
+    slab = gl.program_id(0) % stage.SLABS
     row = slab * tile.q_len + m0 if shape.BROADCAST else tile.q_start + m0
     for c in gl.static_range(stage.CHUNKS):
         w, n = stage.owner(it, c)
