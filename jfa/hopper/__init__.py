@@ -52,9 +52,9 @@ def row_stats(p: Problem, out, lse, dout, dlse):
 def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     """-> (dq, dk, dv) as jfa.triton.launch.backward, by plan, else by key-length class (jfa.hopper.config.
     bwd_classes: one plan, or a mixed batch's two, _backward_by_class): Delta, the dK/dV kernel with dQ by
-    plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode one slab of Lq rows per CTA, summed
-    afterwards), then the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with atomics: the same bits
-    run to run."""
+    plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode into plan.dkdv.dq_slabs slabs of Lq rows,
+    summed afterwards), then the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with atomics: the same
+    bits run to run."""
     from .bwd import dkdv
     from .bwd_dq import dq_pass
     classes = bwd_classes(p) if plan is None else [(plan, None)]
