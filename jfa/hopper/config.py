@@ -144,8 +144,7 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
 
 
-def dq_route(head_dim: int, broadcast: bool, mean_kv_len: float = float("inf"),
-             deterministic: bool = False) -> DqRoute:
+def dq_route(broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> DqRoute:
     """REDUCE (not deterministic: float32 adds in any order) except batches of at most 128 mean keys per sequence,
     where the float32 dQ's zero fill and cast are not paid back (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass
     won by 5-18%): there (not broadcast, and also when deterministic) DIRECT, whose dQ pass skips the sequences the
@@ -184,7 +183,7 @@ def select_bwd(p: Problem) -> BwdPlan:
     sequence has more keys than the dK/dV pass's key tile (walking every item to skip it took 0.2-0.3 ms on
     short-128)."""
     batch = max(p.batch, 1)
-    route = dq_route(p.head_dim, p.broadcast, p.k.shape[0] / batch, p.deterministic)
+    route = dq_route(p.broadcast, p.k.shape[0] / batch, p.deterministic)
     dkdv = for_problem(select_dkdv(p.head_dim, route, p.rows / batch, p.broadcast), p)
     if route == DqRoute.REDUCE:
         return BwdPlan(dkdv, None)
@@ -207,7 +206,7 @@ def bwd_classes(p: Problem) -> list:
     plan = select_bwd(p)
     if not _mixed(p) or p.broadcast:
         return [(plan, (0, UNBOUNDED))]
-    route = dq_route(p.head_dim, False, float("inf"), p.deterministic)
+    route = dq_route(False, float("inf"), p.deterministic)
     dkdv = for_problem(select_dkdv(p.head_dim, route), p)
     long = BwdPlan(dkdv, None) if route == DqRoute.REDUCE else BwdPlan(dkdv, select_dq(p.head_dim))
     return [(plan, (0, SHORT_KV + 1)), (long, (SHORT_KV + 1, UNBOUNDED))]
