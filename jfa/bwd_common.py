@@ -71,7 +71,7 @@ def zero_keyless_rows(x, q_offsets, kv_offsets):
 
 def sum_broadcast_dq(dq, q, batch: int, broadcast: bool):
     """dq in q's dtype: in broadcast mode the float32 partials [batch * Lq, Hq, D] summed over their batch (a
-    fixed order: deterministic); one partial (broadcast q's one pass: jfa.hopper.config.DkdvConfig.dq_slabs) is
+    fixed order: deterministic); one partial (broadcast q's one pass: jfa.hopper.dq_reduce's one slab) is
     only cast."""
     if broadcast and batch != 1:
         dq = dq.view(batch, q.shape[0], q.shape[1], q.shape[2]).sum(0)

@@ -108,16 +108,15 @@ def test_hopper_dkdv_pass_short_query_blocks(mode):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("slabs", [1, 3])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", [m for m in MODES if MODES[m].get("broadcast_lq")])
-def test_hopper_broadcast_dq_slabs(mode, d, slabs):
-    """Broadcast q's one pass with its CTAs adding dQ into fewer float32 slabs than CTAs (DkdvConfig.dq_slabs: CTA
-    s into slab s % slabs; one slab: every CTA into the same rows), in the 64-row and the 32-row forms."""
+def test_hopper_broadcast_dq_slab(mode, d):
+    """Broadcast q's one pass with every CTA adding dQ into the same float32 slab of Lq rows, in the 64-row and the
+    32-row forms."""
     case = _case(mode, d)
     forms = {_plan(config.DqRoute.REDUCE, d, mean_q_len).dkdv for mean_q_len in (float("inf"), config.SHORT_Q)}
     for dkdv in forms:  # (one form at D=64)
-        plan = config.BwdPlan(dataclasses.replace(dkdv, dq_slabs=slabs), None)
+        plan = config.BwdPlan(dkdv, None)
         out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=plan), "hopper")
         failures = compare(case, out, lse, grads)
         assert not failures, f"block_m {plan.dkdv.block_m}: " + "\n".join(failures)

@@ -52,9 +52,8 @@ def row_stats(p: Problem, out, lse, dout, dlse):
 def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     """-> (dq, dk, dv) as jfa.triton.launch.backward, by plan, else by key-length class (jfa.hopper.config.
     bwd_classes: one plan, or a mixed batch's two, _backward_by_class): Delta, the dK/dV kernel with dQ by
-    plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode into plan.dkdv.dq_slabs slabs of Lq rows,
-    summed afterwards), then the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with atomics: the same
-    bits run to run."""
+    plan.dkdv.dq (REDUCE: reduce-added into float32; in broadcast mode into one slab of Lq rows, then cast), then
+    the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with atomics: the same bits run to run."""
     from .bwd import dkdv
     from .bwd_dq import dq_pass
     classes = bwd_classes(p) if plan is None else [(plan, None)]
@@ -69,9 +68,8 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     route = plan.dkdv.dq
-    if route == DqRoute.REDUCE and p.broadcast:  # slabs of Lq rows (DkdvConfig.dq_slabs), summed afterwards
-        batch = plan.dkdv.dq_slabs
-        rows = batch * q.shape[0]
+    if route == DqRoute.REDUCE and p.broadcast:  # one slab of Lq rows that every CTA adds into
+        batch, rows = 1, q.shape[0]
     dq_dtype = torch.float32 if p.broadcast or route == DqRoute.REDUCE else q.dtype
     dq = dq_buffer(p, (rows, p.heads, p.head_dim), dq_dtype, route == DqRoute.DIRECT and plan.dq is None)
     # no keys anywhere (a TMA descriptor needs rows: every query saw nothing), or no queries (no key was seen)

@@ -202,7 +202,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
     else:
         row_stats = RowStats.alloc(BLOCK_M, STAGES)
         d = OnePass(row_stats, DqStage.alloc(k_desc.dtype, dq_desc, k_desc.block_shape[1], BLOCK_M, 2, DQ_STAGES,
-                                             not DIRECT, CFG.dq_slabs))
+                                             not DIRECT))
         if DIRECT:
             gl.warp_specialize([
                 (_dkdv_partition, (c0, work, d, True)),
@@ -242,7 +242,7 @@ def kernel_args(p: Problem, descs, grads: tuple, lse, delta, sched) -> tuple:
 
 def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_range=(0, UNBOUNDED)):
     """dK, dV into dk, dv (k has rows; D 64/128; bf16/fp16), and dQ by cfg.dq: DqRoute.REDUCE, added into dq
-    (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode cfg.dq_slabs slabs of Lq rows;
+    (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode one slab of Lq rows;
     DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile. Only the
     sequences whose key count lies in kv_range (a length class: jfa.hopper.config.bwd_classes)."""
     check_posted(cfg, p)

@@ -103,11 +103,6 @@ class DkdvConfig:
     dq_stages: int = 1  # DqRoute.REDUCE: float32 dQ chunks in flight per consumer
     kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
     posted_items: bool = False  # each item posted beside its K/V, then an end mark (ItemOperands.post)
-    # broadcast q, DqRoute.REDUCE: float32 dQ slabs of Lq rows, CTA s adds into s % dq_slabs, summed afterwards. One
-    # a CTA (132 x Lq x D) missed L2 under the streaming K/V (ncu: 6.5 GB moved for 4.4 GB of operands); one slab
-    # stays in it. Backward, a slab a CTA -> 8 -> 1: gdpa-pma 1.820 / 1.823 -> 1.616 / 1.978 -> 1.606 / 1.624 ms,
-    # pma-256 6.229 / 6.259 -> 4.866 / 4.815 -> 4.572 / 4.664 (its two passes, the default then: 5.661 / 5.996)
-    dq_slabs: int = 1
 
     @property
     def one_pass(self) -> bool:
@@ -149,7 +144,8 @@ def dq_route(broadcast: bool, mean_kv_len: float = float("inf"), deterministic: 
     where the float32 dQ's zero fill and cast are not paid back (short-128 3.48 vs 3.39 ms; at 256-1,034 keys one pass
     won by 5-18%): there (not broadcast, and also when deterministic) DIRECT, whose dQ pass skips the sequences the
     dK/dV pass covered (short-128 3.37 -> 2.78 ms). Broadcast q takes the one pass at every Lq since its dQ went into
-    one slab (DkdvConfig.dq_slabs; with one slab a CTA, pma-256's one pass had lost: 6.51 vs 5.81 ms two passes)."""
+    one float32 slab of Lq rows (jfa.hopper.dq_reduce._drain_block; with a slab a CTA, pma-256's one pass had lost:
+    6.51 vs 5.81 ms two passes)."""
     short = mean_kv_len <= 128
     if short and not broadcast:
         return DqRoute.DIRECT

@@ -43,10 +43,9 @@ class DqStage:
     empty: gl.shared_memory_descriptor
     STAGES: gl.constexpr
     CHUNKS: gl.constexpr  # chunks per (Q, dO) block: HEAD_DIM // DQ_COLS
-    SLABS: gl.constexpr  # broadcast q: the float32 slabs the CTAs add into (DkdvConfig.dq_slabs)
 
     @constexpr_function
-    def __init__(self, ds, ds_full, ds_free, dq, full, empty, STAGES, CHUNKS, SLABS):
+    def __init__(self, ds, ds_full, ds_free, dq, full, empty, STAGES, CHUNKS):
         self.ds = ds
         self.ds_full = ds_full
         self.ds_free = ds_free
@@ -55,11 +54,10 @@ class DqStage:
         self.empty = empty
         self.STAGES = gl.constexpr(STAGES)
         self.CHUNKS = gl.constexpr(CHUNKS)
-        self.SLABS = gl.constexpr(SLABS)
 
     @gluon.jit
     def alloc(dtype: gl.constexpr, dq_desc, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              CONSUMERS: gl.constexpr, STAGES: gl.constexpr, REDUCE: gl.constexpr, SLABS: gl.constexpr = 1):
+              CONSUMERS: gl.constexpr, STAGES: gl.constexpr, REDUCE: gl.constexpr):
         """REDUCE: with the float32 chunk ring for the writer; else (dQ stored by the consumers themselves,
         jfa.hopper.config.DQ_DIRECT) only dS^T and its barriers, and the ring's fields alias them, unused."""
         # rows of BLOCK_M 16-bit elements: 128 bytes (the 128-byte swizzle) at 64, 64 at 32
@@ -78,9 +76,9 @@ class DqStage:
             for i in gl.static_range(CONSUMERS * STAGES):
                 mbarrier.init(full.index(i), count=1)
                 mbarrier.init(empty.index(i), count=1)
-            return DqStage(ds, ds_full, ds_free, dq, full, empty, STAGES, HEAD_DIM // DQ_COLS, SLABS)
+            return DqStage(ds, ds_full, ds_free, dq, full, empty, STAGES, HEAD_DIM // DQ_COLS)
         else:
-            return DqStage(ds, ds_full, ds_free, ds, ds_full, ds_free, STAGES, HEAD_DIM // DQ_COLS, SLABS)
+            return DqStage(ds, ds_full, ds_free, ds, ds_full, ds_free, STAGES, HEAD_DIM // DQ_COLS)
 
     @gluon.jit
     def owner(self, it, c: gl.constexpr):
@@ -166,9 +164,9 @@ def dq_chunk(it, t, C: gl.constexpr, kv_ops, stage, BLOCK_M: gl.constexpr):
 @gluon.jit
 def _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage):
     """Writer: block it's chunks (rows m0..), in order from their owners -> (the next block's count, the last slot)."""
-    # broadcast q: this CTA's slab of Lq rows, one of stage.SLABS (summed afterwards)
-    slab = gl.program_id(0) % stage.SLABS
-    row = slab * tile.q_len + m0 if shape.BROADCAST else tile.q_start + m0
+    # broadcast q: every CTA adds into one float32 slab of Lq rows, which stays in L2 under the streaming K/V (a slab
+    # a CTA, 132 x Lq x D, missed it: ncu moved 6.5 GB for 4.4 GB of operands; pma-256's backward 6.23 -> 4.57 ms)
+    row = m0 if shape.BROADCAST else tile.q_start + m0
     for c in gl.static_range(stage.CHUNKS):
         w, n = stage.owner(it, c)
         prev = stage.drain(w, n, dq_desc, [row, col + c * DQ_COLS], prev)
