@@ -61,11 +61,12 @@ class Schedule:
     seen: torch.Tensor  # int64 [2 (B + 1)]: the tiled then the other side's offsets the schedule was built from
     scratch: torch.Tensor  # int32: per-sequence tile ends and keys [B] each, two histograms [buckets] each, the first
     # ranks [capacity], two window histograms [windows * CLASSES] each (_scratch_size)
+    ticket: torch.Tensor  # int32 [1]: a work queue's next rank (zeroed by every refresh: deal_slot)
 
     def kernel_args(self) -> tuple:
         """What a persistent kernel reads of it (jfa.hopper.items.WorkList): tiles, order, sm_start, the tile
-        table's capacity, heads."""
-        return (self.tiles, self.order, self.sm_start, self.tiles.shape[1], self.heads)
+        table's capacity, heads, ticket."""
+        return (self.tiles, self.order, self.sm_start, self.tiles.shape[1], self.heads, self.ticket)
 
 
 WINDOW_ROUNDS = 2  # rounds of the deal per window
@@ -163,7 +164,8 @@ def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, kv_range, BLOCK_M
                    KEY_TILES: tl.constexpr = False):
     """One CTA: if the offsets changed since the last build, rebuild the schedule (see module doc). offsets = (q,
     kv), the tiled side's the kv offsets where KEY_TILES; seen, scratch: Schedule's; sched = (tiles, tile_cost, order,
-    sm_start), written; sizes = (batch, capacity, heads, ctas, buckets, window); mask: the kernels' mask group;
+    sm_start, ticket), written (the ticket zeroed every time); sizes = (batch, capacity, heads, ctas, buckets,
+    window); mask: the kernels' mask group;
     kv_range = (lo, hi): the sequences of other key counts get no tiles (ScheduleSpec.kv_range).
 
     Two counting sorts. The first: a tile's key is its sequence's heaviest tile cost (atomic max), its bucket key + 1
@@ -173,6 +175,7 @@ def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, kv_range, BLOCK_M
     (atomics); every item is still computed by exactly one CTA."""
     tiled, other = (offsets[1], offsets[0]) if KEY_TILES else (offsets[0], offsets[1])
     batch, capacity, heads, ctas, buckets, window = sizes
+    tl.store(sched[4], 0)  # the work queue starts over (Schedule.ticket)
     if _offsets_changed(tiled, other, seen, batch, BLOCK):
         # scratch: tile_ends, seq_key [batch] each, hist, cursor [buckets] each, rank1 [capacity], hist2, cursor2
         # [windows] each, top [1] (the heaviest tile cost of all)
@@ -267,12 +270,20 @@ def _deal(cursor2, rank1, sched, sizes, counts, BLOCK: tl.constexpr):
         bucket = _window_bucket(rank, cost, window, nwin, classes_over, _CLASSES)
         rank = tl.atomic_add(cursor2 + bucket, 1, mask=keep)
         for h in range(0, heads):
-            r = rank * heads + h
-            rnd = r // ctas
-            sm = tl.where(rnd % 2 == 0, r % ctas, ctas - 1 - r % ctas)
-            sm = tl.where(rnd < full_rounds, (sm + (rnd // _WINDOW_ROUNDS) * _ROTATE) % ctas, sm)
-            slot = tl.load(sm_start + sm, mask=keep, other=0) + rnd
+            slot = deal_slot(rank * heads + h, ctas, full_rounds, sm_start, keep)
             tl.store(order + slot, tl.where(cost >= 0, idx * heads + h, -1), mask=keep)
+
+
+@triton.jit
+def deal_slot(r, ctas, full_rounds, sm_start, mask):
+    """The slot of order that holds the item of (second sort) rank r: round r // ctas, its CTA by the zigzag, turned
+    by ROTATE a window over the complete rounds. A work queue (jfa.hopper.items.WorkList.take) walks the ranks in
+    order, each CTA taking the next when it has room, where the deal gives CTA s its rounds' items whatever their
+    time: the concurrent items stay a window of consecutive ranks (a sequence's, whose dQ and Q stay in L2)."""
+    rnd = r // ctas
+    sm = tl.where(rnd % 2 == 0, r % ctas, ctas - 1 - r % ctas)
+    sm = tl.where(rnd < full_rounds, (sm + (rnd // _WINDOW_ROUNDS) * _ROTATE) % ctas, sm)
+    return tl.load(sm_start + sm, mask=mask, other=0) + rnd
 
 
 @triton.jit
@@ -332,7 +343,8 @@ def allocate(spec: ScheduleSpec, batch: int, other_rows: int, device) -> Schedul
         sm_start=zigzag_sm_start(n, spec.ctas, device).to(torch.int32),
         heads=spec.heads,
         seen=torch.full((2 * (batch + 1),), -1, dtype=torch.int64, device=device),
-        scratch=torch.empty(_scratch_size(spec, batch, other_rows), dtype=torch.int32, device=device))
+        scratch=torch.empty(_scratch_size(spec, batch, other_rows), dtype=torch.int32, device=device),
+        ticket=torch.zeros(1, dtype=torch.int32, device=device))
 
 
 def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, other_rows: int, num_targets=None) -> Schedule:
@@ -344,7 +356,7 @@ def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, other_ro
     if batch > 0 and cap > 0:
         refresh_kernel[(1, )](
             (q_offsets, kv_offsets), sched.seen, sched.scratch, (sched.tiles, sched.tile_cost, sched.order,
-                                                                 sched.sm_start),
+                                                                 sched.sm_start, sched.ticket),
             (batch, cap, spec.heads, spec.ctas, _buckets(spec, other_rows), window_tiles(spec)),
             mask_group(num_targets if spec.targets else None, spec.mask, spec.last_rows), spec.kv_range,
             BLOCK_M=spec.block_m,

@@ -125,6 +125,23 @@ def test_hopper_broadcast_dq_slab(mode, d):
 @pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_backward_work_queue(mode, d, route):
+    """The dK/dV kernel taking its items from a work queue (DkdvConfig.queue: an atomic ticket over the schedule's
+    ranks, each item posted to the consumers and the dQ writer) in every route, and at D=128 in the one pass's
+    short-q form too: every mode against the reference."""
+    if route == config.DqRoute.DIRECT and MODES[mode].get("broadcast_lq"):
+        pytest.skip("broadcast q never takes the direct route")
+    plans = [_plan(route, d)] + ([_plan(route, d, config.SHORT_Q)] if route == config.DqRoute.REDUCE else [])
+    case = _case(mode, d)
+    for plan in {dataclasses.replace(plan, dkdv=dataclasses.replace(plan.dkdv, queue=True)) for plan in plans}:
+        out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=plan), "hopper")
+        failures = compare(case, out, lse, grads)
+        assert not failures, f"{plan.dkdv}: " + "\n".join(failures)
+
+
+@pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
 def test_hopper_backward_routes(mode, d, route):
     """Every way the backward computes dQ (jfa.hopper.config.dq_route picks one by shape), whatever the lengths of
     the test batch: the dQ pass alone, the one pass's reduce-adds, and the dK/dV pass storing the dQ of the

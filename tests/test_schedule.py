@@ -12,7 +12,7 @@ import triton.language as tl
 from jfa import schedule
 from jfa.bench import suite
 from jfa.jagged import resolve_window, visible_mask
-from jfa.schedule import ScheduleSpec
+from jfa.schedule import ScheduleSpec, deal_slot
 from jfa.testing import offsets_of
 
 pytestmark = pytest.mark.interpreter
@@ -42,7 +42,8 @@ def _tile_cost(mask, rows, block, key_tiles, targets):
 
 
 def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
-    """Brute force: (tiles [(seq, tile)], cost per tile slot, per-CTA list of item costs in deal order).
+    """Brute force: (tiles [(seq, tile)], cost per tile slot, per-CTA list of item costs in deal order, the item
+    costs in rank order).
 
     A tile of rows [m0, m0 + block_m) visits the key blocks from the first visible key, aligned down to
     block_n, to the last visible key. Tiles are ranked by their sequence's heaviest tile cost, heaviest first
@@ -74,7 +75,7 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
         return 1 + costs[i] * schedule.CLASSES // top if costs[i] >= 0 else 0
 
     final = sorted(range(len(first)), key=lambda r: (r // window, -cost_class(first[r]), first[r]))
-    per_cta = [[] for _ in range(spec.ctas)]
+    per_cta, ranked = [[] for _ in range(spec.ctas)], []
     full_rounds = len(costs) * spec.heads // spec.ctas
     for r, i in enumerate(first[f] * spec.heads + h for f in final for h in range(spec.heads)):
         rnd, k = divmod(r, spec.ctas)
@@ -82,11 +83,12 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
         if rnd < full_rounds:
             cta = (cta + rnd // schedule.WINDOW_ROUNDS * schedule.ROTATE) % spec.ctas
         per_cta[cta].append(costs[i // spec.heads])
-    return tiles, costs, per_cta
+        ranked.append(costs[i // spec.heads])
+    return tiles, costs, per_cta, ranked
 
 
 def check_against_spec(sched, q_lens, kv_lens, spec, num_targets=None):
-    tiles, costs, per_cta = spec_schedule(q_lens, kv_lens, spec, num_targets)
+    tiles, costs, per_cta, _ = spec_schedule(q_lens, kv_lens, spec, num_targets)
     got_tiles = [(int(b), int(t)) for b, t in zip(*sched.tiles.tolist()) if b >= 0]
     assert got_tiles == tiles
     assert sched.tile_cost.tolist() == costs
@@ -117,6 +119,32 @@ def test_schedule_matches_the_spec(name, block_m, block_n, heads, ctas, offsets_
     qo, ko = offsets_of(q_lens, dtype=offsets_dtype), offsets_of(kv_lens, dtype=offsets_dtype)
     spec = ScheduleSpec(int(qo[-1]), heads, block_m, block_n, ctas, (*resolve_window(causal, window), 0))
     check_against_spec(schedule.build(qo, ko, spec, int(ko[-1])), q_lens, kv_lens, spec)
+
+
+@triton.jit
+def _deal_slots_kernel(sm_start, OUT, n, ctas, full_rounds, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    tl.store(OUT + r, deal_slot(r, ctas, full_rounds, sm_start, r < n), mask=r < n)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("block_m,block_n,heads,ctas", [(64, 32, 2, 3), (32, 64, 1, 4)])
+def test_work_queue_walks_the_ranks(name, block_m, block_n, heads, ctas):
+    """A work queue (jfa.hopper.items.WorkList.take) reads rank r's item at deal_slot(r): walked in rank order it
+    gives the spec's items in the spec's order (by cost: equal buckets may order their tiles either way), every
+    item once."""
+    q_lens, kv_lens, causal, window = CASES[name]
+    kv_lens = kv_lens or q_lens
+    qo, ko = offsets_of(q_lens), offsets_of(kv_lens)
+    spec = ScheduleSpec(int(qo[-1]), heads, block_m, block_n, ctas, (*resolve_window(causal, window), 0))
+    sched = schedule.build(qo, ko, spec, int(ko[-1]))
+    n = sched.order.numel()
+    slots = torch.empty(n, dtype=torch.int32)
+    _deal_slots_kernel[(1, )](sched.sm_start, slots, n, ctas, n // ctas, BLOCK=triton.next_power_of_2(n))
+    items = sched.order[slots.long()].tolist()
+    _, costs, _, ranked = spec_schedule(q_lens, kv_lens, spec)
+    assert [costs[i // heads] if i >= 0 else -1 for i in items] == ranked
+    assert sorted(items) == sorted(sched.order.tolist())
 
 
 def test_many_tiles_match_the_spec():
@@ -207,6 +235,18 @@ def test_cache_refresh_rebuilds_only_when_the_offsets_change():
     check_against_spec(a, [100, 205, 64], [100, 205, 64], spec)
     other = qo.clone()
     assert cache.get(other, other, spec, int(qo[-1])) is not a
+
+
+def test_every_refresh_restarts_the_work_queue():
+    """Schedule.ticket (a work queue's next rank) is zeroed by every refresh, a hit with unchanged offsets too: each
+    launch after its refresh walks the queue from rank 0."""
+    cache = schedule.ScheduleCache()
+    qo = offsets_of([5, 300, 64])
+    spec = ScheduleSpec(int(qo[-1]), 2, 64, 64, 4, (*resolve_window(False, (-1, -1)), 0))
+    a = cache.get(qo, qo, spec, int(qo[-1]))
+    assert a.ticket.tolist() == [0]
+    a.ticket.fill_(41)  # as a kernel leaves it
+    assert cache.get(qo, qo, spec, int(qo[-1])) is a and a.ticket.tolist() == [0]
 
 
 @triton.jit

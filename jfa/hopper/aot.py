@@ -128,7 +128,8 @@ def compile_refresh(offsets_dtype=torch.int32, targets=False, key_tiles=False) -
         return torch.empty(4, dtype=dtype, device="meta")
     offsets = meta(offsets_dtype)
     mask = meta_problem(64, torch.bfloat16, num_targets=meta(offsets_dtype) if targets else None).mask_args()
-    args = ((offsets, offsets), meta(torch.int64), meta(), (meta(), meta(), meta(), meta()), (1, 2, 3, 4, 5, 6), mask,
+    sched = (meta(), meta(), meta(), meta(), meta())  # (tiles, tile_cost, order, sm_start, ticket)
+    args = ((offsets, offsets), meta(torch.int64), meta(), sched, (1, 2, 3, 4, 5, 6), mask,
             (0, 1 << 30))  # (a schedule of every length: ScheduleSpec.kv_range's default)
     consts = dict(BLOCK_M=128, BLOCK_N=128, SEARCH_STEPS=10, BLOCK=schedule.REFRESH_BLOCK, KEY_TILES=key_tiles)
     sig, consts = aot_signature(schedule.refresh_kernel, args, consts)

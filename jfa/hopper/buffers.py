@@ -188,7 +188,9 @@ class ItemOperands:
 
     @gluon.jit
     def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr, SLOTS: gl.constexpr = 1,
-              POSTED: gl.constexpr = False):
+              POSTED: gl.constexpr = False, WRITER: gl.constexpr = False):
+        """WRITER: a writer warp reads the posted records too (a work queue's items: jfa.hopper.items.WorkList.take)
+        and releases each set once it has (its arrival counts on empty beside the consumers')."""
         a = gl.allocate_shared_memory(a_desc.dtype, [SLOTS * CONSUMERS] + a_desc.block_shape, a_desc.layout)
         b = a
         if TWO:
@@ -196,7 +198,7 @@ class ItemOperands:
         ready = gl.allocate_shared_memory(gl.int64, [SLOTS * CONSUMERS, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(SLOTS):
-            mbarrier.init(empty.index(i), count=CONSUMERS)
+            mbarrier.init(empty.index(i), count=CONSUMERS + WRITER)
         for i in gl.static_range(SLOTS * CONSUMERS):
             mbarrier.init(ready.index(i), count=1)
         meta = empty

@@ -46,28 +46,45 @@ from .items import WorkList
 
 @gluon.jit
 def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
-    HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
-    BLOCK_M: gl.constexpr = shape.BLOCK_M
     it = 0  # (Q, dO) blocks loaded so far
     t = 0  # items loaded so far
-    first, end = work.bounds()
-    for idx in range(first, end):
-        tile = work.key_tile(idx, batch, shape)
-        if tile.valid:
-            kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
-            if kv_ops.POSTED:
-                kv_ops.post(t, tile)
-            for w in gl.static_range(2):
-                row = tile.kv_start + tile.start + w * WG_ROWS
-                kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
-            for g in range(shape.GROUP):
-                for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
-                    lo, hi = tile.part(part)
-                    for m0 in range(lo, hi, BLOCK_M):
-                        it = _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats)
-            t += 1
+    if work.QUEUE:  # the next item whenever the last one's loads are issued (WorkList.take)
+        idx = work.take()
+        while idx >= 0:
+            tile = work.key_tile(idx, batch, shape)
+            if tile.valid:
+                it = _load_item(t, it, tile, shape, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)
+                t += 1
+            idx = work.take()
+    else:
+        first, end = work.bounds()
+        for idx in range(first, end):
+            tile = work.key_tile(idx, batch, shape)
+            if tile.valid:
+                it = _load_item(t, it, tile, shape, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)
+                t += 1
     if kv_ops.POSTED:
-        kv_ops.close(t)  # the consumers' end mark
+        kv_ops.close(t)  # the readers' end mark
+
+
+@gluon.jit
+def _load_item(t, it, tile, shape, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
+    """Producer: item t: its K/V (posted: its record first), then its (Q, dO) blocks from ring block it on -> the
+    next block's count."""
+    HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
+    BLOCK_M: gl.constexpr = shape.BLOCK_M
+    kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
+    if kv_ops.POSTED:
+        kv_ops.post(t, tile)
+    for w in gl.static_range(2):
+        row = tile.kv_start + tile.start + w * WG_ROWS
+        kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
+    for g in range(shape.GROUP):
+        for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
+            lo, hi = tile.part(part)
+            for m0 in range(lo, hi, BLOCK_M):
+                it = _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats)
+    return it
 
 
 @gluon.jit
@@ -147,8 +164,9 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
 
 @gluon.jit
 def _dkdv_partition(c, work, d, DIRECT: gl.constexpr):
-    """Consumer c.WG's items: as posted (each read after its K/V wait, up to the end mark: no global load per
-    item, DkdvConfig.posted_items), or from the schedule (WorkList's three dependent loads per slot)."""
+    """Consumer c.WG's items: as posted (each read after its K/V wait, up to the end mark: no global load per item,
+    DkdvConfig.posted_items, and always from a work queue: DkdvConfig.queue), or from the schedule (WorkList's three
+    dependent loads per slot)."""
     kv_ops = c.kv_ops
     it = 0
     t = 0
@@ -179,15 +197,15 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
     consumers. Else neither dq_desc nor dQ is used."""
     BLOCK_M: gl.constexpr = CFG.block_m
     STAGES: gl.constexpr = CFG.stages
-    KV_SLOTS: gl.constexpr = CFG.kv_slots
-    POSTED: gl.constexpr = CFG.posted_items
     DQ_STAGES: gl.constexpr = CFG.dq_stages
     DIRECT: gl.constexpr = CFG.direct
     shape = Shape(GROUP, BLOCK_M, 2 * WG_ROWS, 2, CFG.serial, BROADCAST, SCORE)
-    work = WorkList.create(sched)
+    work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
     grads = DkdvGrads.create(grads, stats, score)
-    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, KV_SLOTS, POSTED)
+    # a work queue's items are posted: its writer warp (the one pass's) reads them from the records too
+    kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, CFG.kv_slots, CFG.posts,
+                                CFG.queue and CFG.one_pass and not DIRECT)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     c0 = Consumer(shape, kv_ops, qdo, grads, batch, 0)
     c1 = Consumer(shape, kv_ops, qdo, grads, batch, 1)
@@ -214,7 +232,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
                 (_dkdv_partition, (c0, work, d, False)),
                 (_dkdv_partition, (c1, work, d, False)),
                 (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, row_stats)),
-                (dq_writer_partition, (shape, work, batch, dq_desc, d.stage)),
+                (dq_writer_partition, (shape, work, batch, dq_desc, d.stage, kv_ops)),
             ], [4, 1, 1], [240, 24, 24])
 
 

@@ -174,21 +174,41 @@ def _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage):
 
 
 @gluon.jit
-def dq_writer_partition(shape, work, batch, dq_desc, stage):
+def dq_writer_partition(shape, work, batch, dq_desc, stage, kv_ops):
     """The writer warp: the (Q, dO) blocks of every item in the producer's order, each block's chunks in order
-    (from their owners)."""
-    CHUNKS: gl.constexpr = stage.CHUNKS
-    HEAD_DIM: gl.constexpr = CHUNKS * DQ_COLS
+    (from their owners). A work queue's items (work.QUEUE): each read from kv_ops' posted record (then its set
+    released), as the consumers read them."""
     it = 0  # (Q, dO) blocks so far
     prev = -1
-    first, end = work.bounds()
-    for idx in range(first, end):
-        tile = work.key_tile(idx, batch, shape)
-        if tile.valid:
-            for g in range(shape.GROUP):
-                col = (tile.head * shape.GROUP + g) * HEAD_DIM
-                for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part), as the producer's
-                    lo, hi = tile.part(part)
-                    for m0 in range(lo, hi, shape.BLOCK_M):
-                        it, prev = _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage)
+    if work.QUEUE:
+        t = 0
+        kv_ops.wait(0, 0)
+        tile = kv_ops.item(0, 1)
+        while tile.valid:
+            kv_ops.release(t)  # (the record read)
+            it, prev = _drain_item(tile, it, prev, shape, dq_desc, stage)
+            t += 1
+            kv_ops.wait(t, 0)
+            tile = kv_ops.item(t, 1)
+    else:
+        first, end = work.bounds()
+        for idx in range(first, end):
+            tile = work.key_tile(idx, batch, shape)
+            if tile.valid:
+                it, prev = _drain_item(tile, it, prev, shape, dq_desc, stage)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _drain_item(tile, it, prev, shape, dq_desc, stage):
+    """Writer: an item's blocks, for every query head of its group, in the producer's walk -> (the next block's
+    count, the last slot)."""
+    CHUNKS: gl.constexpr = stage.CHUNKS
+    HEAD_DIM: gl.constexpr = CHUNKS * DQ_COLS
+    for g in range(shape.GROUP):
+        col = (tile.head * shape.GROUP + g) * HEAD_DIM
+        for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part), as the producer's
+            lo, hi = tile.part(part)
+            for m0 in range(lo, hi, shape.BLOCK_M):
+                it, prev = _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage)
+    return it, prev

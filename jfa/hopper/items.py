@@ -9,6 +9,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 
 from ..geometry import block_count, has_prefix, sequence, sequence_bounds, tile_walk
+from ..schedule import deal_slot
 from .common import aggregate
 
 
@@ -83,31 +84,47 @@ class Item:
 
 @aggregate
 class WorkList:
-    """This CTA's slots of a schedule (jfa.schedule.Schedule: tiles, order, sm_start)."""
+    """This CTA's slots of a schedule (jfa.schedule.Schedule: tiles, order, sm_start), or with QUEUE the schedule's
+    ranks as a work queue: the producer takes the next rank (an atomic ticket) whenever it has room for an item and
+    posts its slot to the other partitions (jfa.hopper.buffers.ItemOperands.post_slot)."""
     tiles: gl.tensor
     order: gl.tensor
     sm_start: gl.tensor
     tile_capacity: gl.tensor
     heads: gl.tensor
+    ticket: gl.tensor
+    QUEUE: gl.constexpr
 
     @constexpr_function
-    def __init__(self, tiles, order, sm_start, tile_capacity, heads):
+    def __init__(self, tiles, order, sm_start, tile_capacity, heads, ticket, QUEUE):
         self.tiles = tiles
         self.order = order
         self.sm_start = sm_start
         self.tile_capacity = tile_capacity
         self.heads = heads
+        self.ticket = ticket
+        self.QUEUE = gl.constexpr(QUEUE)
 
     @gluon.jit
-    def create(sched):
+    def create(sched, QUEUE: gl.constexpr = False):
         """From the launcher's jfa.schedule.Schedule.kernel_args (to_tensor: an int of 1 arrives as a constexpr)."""
-        return WorkList(sched[0], sched[1], sched[2], gl.to_tensor(sched[3]), gl.to_tensor(sched[4]))
+        return WorkList(sched[0], sched[1], sched[2], gl.to_tensor(sched[3]), gl.to_tensor(sched[4]), sched[5],
+                        QUEUE)
 
     @gluon.jit
     def bounds(self):
         """[first, end): this CTA's slots of the schedule's order."""
         i_sm = gl.program_id(0)
         return gl.load(self.sm_start + i_sm), gl.load(self.sm_start + i_sm + 1)
+
+    @gluon.jit
+    def take(self):
+        """Producer (QUEUE): the slot of the queue's next rank (jfa.schedule.deal_slot), -1 once none is left."""
+        r = gl.atomic_add(self.ticket, 1)
+        n = self.tile_capacity * self.heads
+        ctas = gl.num_programs(0)
+        slot = deal_slot(r, ctas, n // ctas, self.sm_start, r < n)
+        return gl.where(r < n, slot, -1)
 
     @gluon.jit
     def sequence(self, idx):
