@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # the writer warp, gone from the one pass's partitions (nothing may then hand it a dQ chunk)
 _NO_WRITER = ("hopper/bwd.py",
-              "                (dq_writer_partition, (shape, work, batch, dq_desc, d.stage)),\n"
+              "                (dq_writer_partition, (shape, work, batch, dq_desc, d.stage, kv_ops)),\n"
               "            ], [4, 1, 1], [240, 24, 24])",
               "            ], [4, 1], [240, 24])")
 
