@@ -388,6 +388,26 @@ def test_hopper_target_mask_forms(form, route, mask):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("mask", ["context-5-window", "serving-context-5-window", "full-150-window-100"])
+@pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
+def test_hopper_target_mask_posted_items(route, mask):
+    """HSTU's mask with posted items (a record carries the target count and a key tile's prefix:
+    ItemOperands.post): the short forward form posting its items, the dK/dV kernel posting them and taking them
+    from a work queue (DkdvConfig.queue)."""
+    cfg, plan = FWD_FORMS["short-tile"], _plan(route, 128)
+    assert cfg.posted_items
+    full = TARGET_MASKS[mask][2]
+    case = make_case(*_target_lens(mask), causal=True, window=(100 if full else 200, -1), num_targets="random",
+                     contextual_len=3, hq=4, hkv=4, d=128, dtype=torch.bfloat16, device="cuda", seed=19,
+                     activation="silu", out_scale=0.01, min_full_attn_len=full)
+    for fields in (dict(posted_items=True), dict(queue=True)):
+        bwd_plan = dataclasses.replace(plan, dkdv=dataclasses.replace(plan.dkdv, **fields))
+        out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
+                                      lambda *args: hopper.backward(*args, plan=bwd_plan), "hopper")
+        failures = compare(case, out, lse, grads)
+        assert not failures, f"{fields}: " + "\n".join(failures)
+
+
 @pytest.mark.parametrize("score", ["softmax", "silu-targets"])
 @pytest.mark.parametrize("form", list(FWD_FORMS))
 def test_hopper_forward_reads_pages(form, score):

@@ -17,6 +17,7 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ..variants import LOG2E
+from ..geometry import TARGETS, has_prefix
 from .common import aggregate
 from .items import Item
 
@@ -153,6 +154,9 @@ class RowStats:
         return self.buf.index(2 * slot).load(layout), self.buf.index(2 * slot + 1).load(layout)
 
 
+RECORD = gl.constexpr(16)  # int32 fields of a posted item's record (ItemOperands.post fills ten)
+
+
 @gluon.jit
 def _field(rec, k, i: gl.constexpr):
     """Field i of a posted record (every lane holds all of it: an in-thread sum)."""
@@ -168,7 +172,7 @@ class ItemOperands:
     b: gl.shared_memory_descriptor
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
-    meta: gl.shared_memory_descriptor  # POSTED: [SLOTS, 8] int32, each set's Item (post, item)
+    meta: gl.shared_memory_descriptor  # POSTED: [SLOTS, RECORD] int32, each set's Item (post, item)
     TWO: gl.constexpr
     CONSUMERS: gl.constexpr
     SLOTS: gl.constexpr
@@ -204,7 +208,7 @@ class ItemOperands:
         meta = empty
         if POSTED:
             plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-            meta = gl.allocate_shared_memory(gl.int32, [SLOTS, 8], plain)
+            meta = gl.allocate_shared_memory(gl.int32, [SLOTS, RECORD], plain)
         return ItemOperands(a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED)
 
     @gluon.jit
@@ -213,10 +217,15 @@ class ItemOperands:
         consumers skip WorkList's three dependent global loads per item (ncu: 15-20% of the consumers' stall samples
         on targets-32). The load's ready barriers release the stores, the set's empty barrier orders the
         consumers' reads before the next item's."""
-        k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [1], [0]))
-        rec = gl.where(k == 0, tile.head, gl.where(k == 1, tile.start, gl.where(k == 2, tile.q_start, gl.where(
-            k == 3, tile.q_len, gl.where(k == 4, tile.kv_start, gl.where(k == 5, tile.kv_len, gl.where(
-                k == 6, tile.lo, tile.hi)))))))  # Item's fields in order, valid aside (item: head >= 0)
+        k = gl.arange(0, RECORD, layout=gl.BlockedLayout([RECORD], [32], [1], [0]))
+        targets = 0
+        if len(tile.seq) == 3:  # HSTU's mask (jfa.geometry.sequence): the sequence's target count
+            targets = tile.seq[2]
+        fields = (tile.head, tile.start, tile.q_start, tile.q_len, tile.kv_start, tile.kv_len, tile.lo, tile.hi,
+                  tile.pre, targets)  # Item's fields in order, valid aside (item: head >= 0)
+        rec = gl.full([RECORD], 0, gl.int32, layout=k.type.layout)
+        for i in gl.static_range(len(fields)):
+            rec = gl.where(k == i, fields[i], rec)
         self.meta.index(t % self.SLOTS).store(rec)
         gl.thread_barrier()  # every lane's stores before the one elected lane's arrive
 
@@ -225,21 +234,25 @@ class ItemOperands:
         """Producer, after its last item t - 1: set t's record says no item, its ready barriers complete empty
         (the consumers' loop over posted items ends there)."""
         self.acquire(t)
-        self.meta.index(t % self.SLOTS).store(gl.full([8], -1, gl.int32, layout=gl.BlockedLayout([8], [32], [1], [0])))
+        layout: gl.constexpr = gl.BlockedLayout([RECORD], [32], [1], [0])
+        self.meta.index(t % self.SLOTS).store(gl.full([RECORD], -1, gl.int32, layout=layout))
         gl.thread_barrier()
         for w in gl.static_range(self.CONSUMERS):
             self.skip(t, w)
 
     @gluon.jit
-    def item(self, t, WARPS: gl.constexpr):
-        """Consumer (WARPS warps, after wait): item t's Item, as the producer posted it."""
-        k = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [WARPS], [0]))
+    def item(self, t, WARPS: gl.constexpr, rule, KEY_TILES: gl.constexpr):
+        """A reader (WARPS warps, after wait): item t's Item, as the producer posted it, for the kernel's mask rule
+        (jfa.geometry.Rule) and kind of tile."""
+        k = gl.arange(0, RECORD, layout=gl.BlockedLayout([RECORD], [32], [WARPS], [0]))
         rec = self.meta.index(t % self.SLOTS).load(k.type.layout)
         head = _field(rec, k, 0)
         q_len, kv_len = _field(rec, k, 3), _field(rec, k, 5)
-        # (a window's items only: HSTU's mask posts none, jfa.hopper.config; the walk has no prefix)
-        return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), q_len, _field(rec, k, 4), kv_len,
-                    (q_len, kv_len), gl.to_tensor(0), _field(rec, k, 6), _field(rec, k, 7), False)
+        seq = (q_len, kv_len)
+        if rule.KIND == TARGETS:
+            seq = (q_len, kv_len, _field(rec, k, 9))
+        return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), q_len, _field(rec, k, 4), kv_len, seq,
+                    _field(rec, k, 8), _field(rec, k, 6), _field(rec, k, 7), has_prefix(rule.KIND, KEY_TILES))
 
     @gluon.jit
     def acquire(self, t):

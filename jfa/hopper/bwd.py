@@ -39,7 +39,7 @@ from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring, RowStats
 from .bwd_block import Consumer, DkdvGrads, OnePass, QBlock, deferred_dq, dkdv_block, one_pass_block
 from .common import WG_ROWS, Batch, Shape, aligned, mma_layout, rows, store_rows, tma_descriptor
-from .config import DkdvConfig, DqRoute, check_posted, key_tile_schedule
+from .config import DkdvConfig, DqRoute, key_tile_schedule
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 from .items import WorkList
 
@@ -172,12 +172,12 @@ def _dkdv_partition(c, work, d, DIRECT: gl.constexpr):
     t = 0
     if kv_ops.POSTED:
         kv_ops.wait(0, c.WG)
-        valid = kv_ops.item(0, 4).valid
+        valid = kv_ops.item(0, 4, c.batch.rule, True).valid
         while valid:
-            it = _dkdv_item(c, d, kv_ops.item(t, 4), t, it, DIRECT)
+            it = _dkdv_item(c, d, kv_ops.item(t, 4, c.batch.rule, True), t, it, DIRECT)
             t += 1
             kv_ops.wait(t, c.WG)
-            valid = kv_ops.item(t, 4).valid
+            valid = kv_ops.item(t, 4, c.batch.rule, True).valid
     else:
         first, end = work.bounds()
         for idx in range(first, end):
@@ -263,7 +263,6 @@ def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_rang
     (float32, zeroed) in the same pass: rows as dout's, or in broadcast mode one slab of Lq rows;
     DqRoute.DIRECT, stored into dq (q's dtype) for the sequences whose keys fit one key tile. Only the
     sequences whose key count lies in kv_range (a length class: jfa.hopper.config.bwd_classes)."""
-    check_posted(cfg, p)
     q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
     spec = dataclasses.replace(key_tile_schedule(p, cfg, sms), kv_range=kv_range)

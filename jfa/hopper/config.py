@@ -65,11 +65,6 @@ class FwdConfig:
         return self.consumers * WG
 
     @property
-    def posts(self) -> bool:
-        """The producer posts each item (jfa.hopper.buffers.ItemOperands.post)."""
-        return self.posted_items
-
-    @property
     def ctas_per_sm(self) -> int:
         """One CTA of two consumers per SM, or two of one consumer each."""
         return 3 - self.consumers
@@ -247,18 +242,9 @@ def fwd_classes(p: Problem) -> list:
 
 
 def for_problem(cfg, p: Problem):
-    """A config chosen by shape (FwdConfig, DkdvConfig), as this problem can run it: HSTU's mask posts no items (a
-    posted record holds a window's item only: check_posted)."""
-    if not (p.targets and cfg.posts):
-        return cfg
-    return dataclasses.replace(cfg, posted_items=False, **({"queue": False} if isinstance(cfg, DkdvConfig) else {}))
-
-
-def check_posted(cfg, p: Problem):
-    """A config that posts its items (FwdConfig, DkdvConfig) runs a window's items only: a posted record holds no
-    target counts and no walk's prefix (fwd_config and select_bwd never post with HSTU's mask)."""
-    if p.targets and cfg.posts:
-        raise ValueError(f"{cfg} posts its items: it takes no num_targets (HSTU's mask)")
+    """A config chosen by shape (FwdConfig, DkdvConfig), as this problem runs it: with HSTU's mask, no posted_items
+    (the forms that post were timed without the mask; a posted record carries its fields, ItemOperands.post)."""
+    return dataclasses.replace(cfg, posted_items=False) if p.targets and cfg.posted_items else cfg
 
 
 def query_tile_schedule(p: Problem, rows: int, block_m: int, ctas: int) -> ScheduleSpec:

@@ -183,13 +183,13 @@ def dq_writer_partition(shape, work, batch, dq_desc, stage, kv_ops):
     if work.QUEUE:
         t = 0
         kv_ops.wait(0, 0)
-        tile = kv_ops.item(0, 1)
+        tile = kv_ops.item(0, 1, batch.rule, True)
         while tile.valid:
             kv_ops.release(t)  # (the record read)
             it, prev = _drain_item(tile, it, prev, shape, dq_desc, stage)
             t += 1
             kv_ops.wait(t, 0)
-            tile = kv_ops.item(t, 1)
+            tile = kv_ops.item(t, 1, batch.rule, True)
     else:
         first, end = work.bounds()
         for idx in range(first, end):

@@ -36,7 +36,7 @@ from ..schedule import CACHE
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring
 from .common import WG_ROWS, Batch, Rows, Shape, aggregate, aligned, mma_layout, rows, store_rows, tma_descriptor
-from .config import FwdConfig, check_posted, fwd_classes, query_tile_schedule
+from .config import FwdConfig, fwd_classes, query_tile_schedule
 from .items import WorkList
 
 
@@ -170,12 +170,12 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
         _turn(WG, out.PINGPONG, False)
     if q_ops.POSTED:
         q_ops.wait(0, WG)
-        valid = q_ops.item(0, 4).valid
+        valid = q_ops.item(0, 4, batch.rule, False).valid
         while valid:
-            it = _softmax_item(WG, shape, batch, q_ops.item(t, 4), t, it, q_ops, kv, out)
+            it = _softmax_item(WG, shape, batch, q_ops.item(t, 4, batch.rule, False), t, it, q_ops, kv, out)
             t += 1
             q_ops.wait(t, WG)
-            valid = q_ops.item(t, 4).valid
+            valid = q_ops.item(t, 4, batch.rule, False).valid
     else:
         first, end = work.bounds()
         for idx in range(first, end):
@@ -345,7 +345,6 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     key-length class). Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
     classes = fwd_classes(p) if cfg is None else [(cfg, (0, UNBOUNDED))]
     for c, _ in classes:
-        check_posted(c, p)
         if p.paged and p.page_size % c.block_n:
             raise ValueError(f"paged k/v: page_size {p.page_size} is not a multiple of the forward's key block "
                              f"{c.block_n}")
