@@ -75,6 +75,19 @@ def test_hopper_d64_forward_forms(mode, form, activation):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("form", list(FWD_FORMS) + ["d64-short", "d64-long"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_hopper_forward_work_queue(mode, form):
+    """The forward taking its items from a work queue (FwdConfig.queue: an atomic ticket over the schedule's ranks,
+    each item posted to the consumers) in every form: every mode against the reference."""
+    d = 64 if form.startswith("d64") else 128
+    cfg = dataclasses.replace(D64_FWD_FORMS[form[4:]] if d == 64 else FWD_FORMS[form], queue=True)
+    case = _case(mode, d)
+    out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg), hopper.backward, "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
 def _plan(route, d, mean_q_len=float("inf")):
     """The backward of dQ route `route` (a DqRoute), whatever the batch."""
     dkdv = config.select_dkdv(d, route, mean_q_len)
@@ -392,20 +405,21 @@ def test_hopper_target_mask_forms(form, route, mask):
 @pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
 def test_hopper_target_mask_posted_items(route, mask):
     """HSTU's mask with posted items (a record carries the target count and a key tile's prefix:
-    ItemOperands.post): the short forward form posting its items, the dK/dV kernel posting them and taking them
-    from a work queue (DkdvConfig.queue)."""
-    cfg, plan = FWD_FORMS["short-tile"], _plan(route, 128)
-    assert cfg.posted_items
+    ItemOperands.post): the short forward form posting its items with the dK/dV kernel posting them, the long
+    forward form and the dK/dV kernel taking theirs from a work queue (FwdConfig.queue, DkdvConfig.queue)."""
+    plan = _plan(route, 128)
     full = TARGET_MASKS[mask][2]
     case = make_case(*_target_lens(mask), causal=True, window=(100 if full else 200, -1), num_targets="random",
                      contextual_len=3, hq=4, hkv=4, d=128, dtype=torch.bfloat16, device="cuda", seed=19,
                      activation="silu", out_scale=0.01, min_full_attn_len=full)
-    for fields in (dict(posted_items=True), dict(queue=True)):
+    assert FWD_FORMS["short-tile"].posted_items
+    for cfg, fields in ((FWD_FORMS["short-tile"], dict(posted_items=True)),
+                        (dataclasses.replace(FWD_FORMS["long"], queue=True), dict(queue=True))):
         bwd_plan = dataclasses.replace(plan, dkdv=dataclasses.replace(plan.dkdv, **fields))
         out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
                                       lambda *args: hopper.backward(*args, plan=bwd_plan), "hopper")
         failures = compare(case, out, lse, grads)
-        assert not failures, f"{fields}: " + "\n".join(failures)
+        assert not failures, f"{cfg}, {fields}: " + "\n".join(failures)
 
 
 @pytest.mark.parametrize("score", ["softmax", "silu-targets"])

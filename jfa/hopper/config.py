@@ -59,10 +59,16 @@ class FwdConfig:
     coalesced_store: bool = False  # O in 16-byte pieces through a shared-memory layout conversion (store_rows)
     posted_items: bool = False  # the producer posts each item beside its Q, then an end mark (ItemOperands.post)
     pingpong: bool = False  # two consumers take turns issuing a block's MMAs (jfa.hopper.fwd._turn)
+    queue: bool = False  # items from a work queue, posted (as DkdvConfig.queue: for K/V's reuse in L2)
 
     @property
     def block_m(self) -> int:
         return self.consumers * WG
+
+    @property
+    def posts(self) -> bool:
+        """The producer posts each item (jfa.hopper.buffers.ItemOperands.post): posted_items, or a work queue's."""
+        return self.posted_items or self.queue
 
     @property
     def ctas_per_sm(self) -> int:

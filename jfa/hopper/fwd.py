@@ -88,33 +88,50 @@ def _key_row(tile, n0, page_row, pages):
 
 @gluon.jit
 def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages):
-    HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
     it = 0  # K/V blocks loaded so far
     t = 0  # items loaded so far
-    first, end = work.bounds()
-    for idx in range(first, end):
-        tile = work.query_tile(idx, batch, shape)
-        if tile.valid:
-            q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
-            q_ops.acquire(t)
-            if q_ops.POSTED:
-                q_ops.post(t, tile)
-            for w in gl.static_range(shape.CONSUMERS):
-                if tile.start + w * WG_ROWS < tile.q_len:
-                    q_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
-                else:  # no rows for consumer w: it reads no Q
-                    q_ops.skip(t, w)
-            col = (tile.head // shape.GROUP) * HEAD_DIM
-            page_row = _page_row(work, idx, pages)
-            for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
-                lo, hi = tile.part(part)
-                for n0 in range(lo, hi, shape.BLOCK_N):
-                    row = _key_row(tile, n0, page_row, pages)
-                    kv.fill(it, k_desc, [row, col], v_desc, [row, col])
-                    it += 1
-            t += 1
+    if work.QUEUE:  # the next item whenever the last one's loads are issued (WorkList.take)
+        idx = work.take()
+        while idx >= 0:
+            tile = work.query_tile(idx, batch, shape)
+            if tile.valid:
+                it = _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages)
+                t += 1
+            idx = work.take()
+    else:
+        first, end = work.bounds()
+        for idx in range(first, end):
+            tile = work.query_tile(idx, batch, shape)
+            if tile.valid:
+                it = _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages)
+                t += 1
     if q_ops.POSTED:
         q_ops.close(t)  # the consumers' end mark
+
+
+@gluon.jit
+def _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages):
+    """Producer: item t (schedule slot idx): its Q (posted: its record first), then its K/V blocks from ring block it
+    on -> the next block's count."""
+    HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
+    q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
+    q_ops.acquire(t)
+    if q_ops.POSTED:
+        q_ops.post(t, tile)
+    for w in gl.static_range(shape.CONSUMERS):
+        if tile.start + w * WG_ROWS < tile.q_len:
+            q_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
+        else:  # no rows for consumer w: it reads no Q
+            q_ops.skip(t, w)
+    col = (tile.head // shape.GROUP) * HEAD_DIM
+    page_row = _page_row(work, idx, pages)
+    for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
+        lo, hi = tile.part(part)
+        for n0 in range(lo, hi, shape.BLOCK_N):
+            row = _key_row(tile, n0, page_row, pages)
+            kv.fill(it, k_desc, [row, col], v_desc, [row, col])
+            it += 1
+    return it
 
 
 @gluon.jit
@@ -303,10 +320,10 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
     jfa.problem.Problem.mask_args, .page_args; CFG: the FwdConfig; SCORE: jfa.variants.score_fn."""
     CONSUMERS: gl.constexpr = CFG.consumers
     STAGES: gl.constexpr = CFG.stages
-    POSTED: gl.constexpr = CFG.posted_items
+    POSTED: gl.constexpr = CFG.posts
     COALESCED: gl.constexpr = CFG.coalesced_store
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, CFG.block_n, CONSUMERS, False, BROADCAST, SCORE)
-    work = WorkList.create(sched)
+    work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
     out = FwdOutput.create(o, lse, score, COALESCED, CFG.pingpong)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED)
