@@ -36,6 +36,9 @@ _NO_WRITER = ("hopper/bwd.py",
               "                (dq_writer_partition, (shape, work, batch, dq_desc, d.stage, kv_ops)),\n"
               "            ], [4, 1, 1], [240, 24, 24])",
               "            ], [4, 1], [240, 24])")
+# ... and with a work queue, no writer among the posted items' readers (its release would never come)
+_NO_QUEUE_WRITER = ("hopper/bwd.py", "CFG.queue and CFG.one_pass and not DIRECT, CFG.posted_items)",
+                    "False, CFG.posted_items)")
 
 # name -> (what it removes, [(file under jfa/, text, its replacement)]): each text must occur exactly once
 ABLATIONS = {
@@ -46,7 +49,7 @@ ABLATIONS = {
         ("hopper/bwd.py", "                    deferred_dq(c, d.stage, it - 1, t)",
          "                    d.stage.free_ds(it - 1)"),
         ("hopper/bwd_block.py", "        if it % 2 == WG:\n", "        if False:\n"),
-        _NO_WRITER]),
+        _NO_WRITER, _NO_QUEUE_WRITER]),
     "no direct dQ": ("DqRoute.DIRECT's dQ (short key sets: --part 'dkdv+direct dq'): the chunks' MMAs, the wait for "
                      "the other consumer's dS^T, the stores", [
         ("hopper/bwd_block.py", "        if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):\n",
@@ -73,7 +76,7 @@ ABLATIONS = {
          "                                             DIRECT=DIRECT, idle=idle)",
          "                    c.qdo.wait(blk.it)\n"
          "                    c.qdo.release(blk.it)"),
-        _NO_WRITER]),
+        _NO_WRITER, _NO_QUEUE_WRITER]),
     "tanh as ex2": ("nothing of the activations' work but MUFU.TANH's rate: tanh.approx becomes ex2.approx (one MUFU "
                     "operation each; silu, gelu_tanh and sigmoid compute wrong values), forward and backward", [
         ("variants.py", '"tanh.approx.f32 $0, $1;"', '"ex2.approx.ftz.f32 $0, $1;"')]),

@@ -61,7 +61,9 @@ class Schedule:
     seen: torch.Tensor  # int64 [2 (B + 1)]: the tiled then the other side's offsets the schedule was built from
     scratch: torch.Tensor  # int32: per-sequence tile ends and keys [B] each, two histograms [buckets] each, the first
     # ranks [capacity], two window histograms [windows * CLASSES] each (_scratch_size)
-    ticket: torch.Tensor  # int32 [1]: a work queue's next rank (zeroed by every refresh: deal_slot)
+    # int32 [1 + 2 ctas]: a work queue's next rank (zeroed by every refresh: deal_slot), then each CTA's two
+    # mailboxes, where its producer posts the slot of each item it takes (jfa.hopper.items.WorkList.post)
+    ticket: torch.Tensor
 
     def kernel_args(self) -> tuple:
         """What a persistent kernel reads of it (jfa.hopper.items.WorkList): tiles, order, sm_start, the tile
@@ -344,7 +346,7 @@ def allocate(spec: ScheduleSpec, batch: int, other_rows: int, device) -> Schedul
         heads=spec.heads,
         seen=torch.full((2 * (batch + 1),), -1, dtype=torch.int64, device=device),
         scratch=torch.empty(_scratch_size(spec, batch, other_rows), dtype=torch.int32, device=device),
-        ticket=torch.zeros(1, dtype=torch.int32, device=device))
+        ticket=torch.zeros(1 + 2 * spec.ctas, dtype=torch.int32, device=device))
 
 
 def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, other_rows: int, num_targets=None) -> Schedule:

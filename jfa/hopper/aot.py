@@ -55,10 +55,12 @@ def producer_loop_bounds_are_per_item(ttgir: str) -> bool:
     text = re.sub(r" loc\([^)]*\)", "", ttgir)
     start = text.index("num_warps(1)")
     body = text[start:]
-    loops = list(re.finditer(r"scf\.for %\S+ = (%[\w#]+) to (%[\w#]+) step", body))
-    if len(loops) < 2:
+    # the producer's two loops: over its items (an scf.for over its dealt slots, or a work queue's scf.while), then
+    # over an item's blocks
+    item_loop = re.search(r"scf\.(for|while) ", body)
+    kv_loop = item_loop and re.compile(r"scf\.for %\S+ = (%[\w#]+) to (%[\w#]+) step").search(body, item_loop.end())
+    if kv_loop is None:
         raise ValueError("producer loops not found in the TTGIR")
-    item_loop, kv_loop = loops[0], loops[1]  # the producer's two loops: over its items, over an item's blocks
     for bound in kv_loop.groups():
         define = re.search(re.escape(bound) + r" = ", body)
         if define is None or not item_loop.start() < define.start() < kv_loop.start():

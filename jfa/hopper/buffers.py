@@ -177,9 +177,10 @@ class ItemOperands:
     CONSUMERS: gl.constexpr
     SLOTS: gl.constexpr
     POSTED: gl.constexpr
+    RECORDS: gl.constexpr  # POSTED: the readers take the record's Item (item), else its slot's (posted)
 
     @constexpr_function
-    def __init__(self, a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED):
+    def __init__(self, a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED, RECORDS):
         self.a = a
         self.b = b
         self.ready = ready
@@ -189,12 +190,14 @@ class ItemOperands:
         self.CONSUMERS = gl.constexpr(CONSUMERS)
         self.SLOTS = gl.constexpr(SLOTS)
         self.POSTED = gl.constexpr(POSTED)
+        self.RECORDS = gl.constexpr(RECORDS)
 
     @gluon.jit
     def alloc(a_desc, b_desc, CONSUMERS: gl.constexpr, TWO: gl.constexpr, SLOTS: gl.constexpr = 1,
-              POSTED: gl.constexpr = False, WRITER: gl.constexpr = False):
+              POSTED: gl.constexpr = False, WRITER: gl.constexpr = False, RECORDS: gl.constexpr = True):
         """WRITER: a writer warp reads the posted records too (a work queue's items: jfa.hopper.items.WorkList.take)
-        and releases each set once it has (its arrival counts on empty beside the consumers')."""
+        and releases each set once it has (its arrival counts on empty beside the consumers'). RECORDS: the readers
+        take each posted Item whole (item), else from its posted slot as the schedule gives it (posted)."""
         a = gl.allocate_shared_memory(a_desc.dtype, [SLOTS * CONSUMERS] + a_desc.block_shape, a_desc.layout)
         b = a
         if TWO:
@@ -206,36 +209,42 @@ class ItemOperands:
         for i in gl.static_range(SLOTS * CONSUMERS):
             mbarrier.init(ready.index(i), count=1)
         meta = empty
-        if POSTED:
+        if POSTED and RECORDS:
             plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
             meta = gl.allocate_shared_memory(gl.int32, [SLOTS, RECORD], plain)
-        return ItemOperands(a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED)
+        return ItemOperands(a, b, ready, empty, meta, TWO, CONSUMERS, SLOTS, POSTED, RECORDS)
 
     @gluon.jit
-    def post(self, t, tile):
-        """Producer (1 warp), after acquire and before load: item t's bookkeeping into its set, so the
-        consumers skip WorkList's three dependent global loads per item (ncu: 15-20% of the consumers' stall samples
-        on targets-32). The load's ready barriers release the stores, the set's empty barrier orders the
-        consumers' reads before the next item's."""
-        k = gl.arange(0, RECORD, layout=gl.BlockedLayout([RECORD], [32], [1], [0]))
-        targets = 0
-        if len(tile.seq) == 3:  # HSTU's mask (jfa.geometry.sequence): the sequence's target count
-            targets = tile.seq[2]
-        fields = (tile.head, tile.start, tile.q_start, tile.q_len, tile.kv_start, tile.kv_len, tile.lo, tile.hi,
-                  tile.pre, targets)  # Item's fields in order, valid aside (item: head >= 0)
-        rec = gl.full([RECORD], 0, gl.int32, layout=k.type.layout)
-        for i in gl.static_range(len(fields)):
-            rec = gl.where(k == i, fields[i], rec)
-        self.meta.index(t % self.SLOTS).store(rec)
+    def post(self, t, tile, slot, work):
+        """Producer (1 warp), after acquire and before load: item t's bookkeeping into its set (RECORDS: its Item, so
+        the consumers skip WorkList's three dependent global loads per item, ncu: 15-20% of the consumers' stall
+        samples on targets-32), or its schedule slot through global memory (WorkList.post). The load's ready
+        barriers release the stores, the set's empty barrier orders the readers' reads before the next item's."""
+        if self.RECORDS:
+            k = gl.arange(0, RECORD, layout=gl.BlockedLayout([RECORD], [32], [1], [0]))
+            targets = 0
+            if len(tile.seq) == 3:  # HSTU's mask (jfa.geometry.sequence): the sequence's target count
+                targets = tile.seq[2]
+            fields = (tile.head, tile.start, tile.q_start, tile.q_len, tile.kv_start, tile.kv_len, tile.lo, tile.hi,
+                      tile.pre, targets)  # Item's fields in order, valid aside (item: head >= 0)
+            rec = gl.full([RECORD], 0, gl.int32, layout=k.type.layout)
+            for i in gl.static_range(len(fields)):
+                rec = gl.where(k == i, fields[i], rec)
+            self.meta.index(t % self.SLOTS).store(rec)
+        else:
+            work.post(t % self.SLOTS, slot)
         gl.thread_barrier()  # every lane's stores before the one elected lane's arrive
 
     @gluon.jit
-    def close(self, t):
-        """Producer, after its last item t - 1: set t's record says no item, its ready barriers complete empty
-        (the consumers' loop over posted items ends there)."""
+    def close(self, t, work):
+        """Producer, after its last item t - 1: set t says no item, its ready barriers complete empty (the readers'
+        loop over posted items ends there)."""
         self.acquire(t)
-        layout: gl.constexpr = gl.BlockedLayout([RECORD], [32], [1], [0])
-        self.meta.index(t % self.SLOTS).store(gl.full([RECORD], -1, gl.int32, layout=layout))
+        if self.RECORDS:
+            layout: gl.constexpr = gl.BlockedLayout([RECORD], [32], [1], [0])
+            self.meta.index(t % self.SLOTS).store(gl.full([RECORD], -1, gl.int32, layout=layout))
+        else:
+            work.post(t % self.SLOTS, -1)
         gl.thread_barrier()
         for w in gl.static_range(self.CONSUMERS):
             self.skip(t, w)
@@ -253,6 +262,25 @@ class ItemOperands:
             seq = (q_len, kv_len, _field(rec, k, 9))
         return Item(head >= 0, head, _field(rec, k, 1), _field(rec, k, 2), q_len, _field(rec, k, 4), kv_len, seq,
                     _field(rec, k, 8), _field(rec, k, 6), _field(rec, k, 7), has_prefix(rule.KIND, KEY_TILES))
+
+    @gluon.jit
+    def more(self, t, WARPS: gl.constexpr, work):
+        """A reader (WARPS warps, after wait): whether set t holds an item (not the end mark)."""
+        if self.RECORDS:
+            k = gl.arange(0, RECORD, layout=gl.BlockedLayout([RECORD], [32], [WARPS], [0]))
+            return _field(self.meta.index(t % self.SLOTS).load(k.type.layout), k, 0) >= 0
+        else:
+            return work.post_read(t % self.SLOTS) >= 0
+
+    @gluon.jit
+    def posted(self, t, WARPS: gl.constexpr, work, batch, shape, KEY_TILES: gl.constexpr):
+        """A reader (after wait, while more): item t's Item, from its record (RECORDS), or computed afresh from its
+        posted slot as the unposted readers compute theirs (jfa.hopper.items.WorkList.tile: with the records' ten
+        fields live, the D=128 one pass spilled 948 -> 1188 B and ran 10-23% slower)."""
+        if self.RECORDS:
+            return self.item(t, WARPS, batch.rule, KEY_TILES)
+        else:
+            return work.tile(work.post_read(t % self.SLOTS), batch, shape, KEY_TILES)
 
     @gluon.jit
     def acquire(self, t):

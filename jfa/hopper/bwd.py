@@ -53,7 +53,8 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
         while idx >= 0:
             tile = work.key_tile(idx, batch, shape)
             if tile.valid:
-                it = _load_item(t, it, tile, shape, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)
+                it = _load_item(t, it, idx, tile, shape, work, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads,
+                                stats)
                 t += 1
             idx = work.take()
     else:
@@ -61,21 +62,22 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
         for idx in range(first, end):
             tile = work.key_tile(idx, batch, shape)
             if tile.valid:
-                it = _load_item(t, it, tile, shape, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats)
+                it = _load_item(t, it, idx, tile, shape, work, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads,
+                                stats)
                 t += 1
     if kv_ops.POSTED:
-        kv_ops.close(t)  # the readers' end mark
+        kv_ops.close(t, work)  # the readers' end mark
 
 
 @gluon.jit
-def _load_item(t, it, tile, shape, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
-    """Producer: item t: its K/V (posted: its record first), then its (Q, dO) blocks from ring block it on -> the
-    next block's count."""
+def _load_item(t, it, idx, tile, shape, work, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
+    """Producer: item t (schedule slot idx): its K/V (posted: its record or slot first), then its (Q, dO) blocks from
+    ring block it on -> the next block's count."""
     HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
     kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
     if kv_ops.POSTED:
-        kv_ops.post(t, tile)
+        kv_ops.post(t, tile, idx, work)
     for w in gl.static_range(2):
         row = tile.kv_start + tile.start + w * WG_ROWS
         kv_ops.load(t, w, k_desc, [row, tile.head * HEAD_DIM], v_desc, [row, tile.head * HEAD_DIM])
@@ -164,20 +166,20 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
 
 @gluon.jit
 def _dkdv_partition(c, work, d, DIRECT: gl.constexpr):
-    """Consumer c.WG's items: as posted (each read after its K/V wait, up to the end mark: no global load per item,
-    DkdvConfig.posted_items, and always from a work queue: DkdvConfig.queue), or from the schedule (WorkList's three
-    dependent loads per slot)."""
+    """Consumer c.WG's items: as posted, each read after its K/V wait up to the end mark (DkdvConfig.posted_items:
+    the record, no global load per item; a work queue's slot, DkdvConfig.queue), or from the schedule (WorkList's
+    three dependent loads per slot)."""
     kv_ops = c.kv_ops
     it = 0
     t = 0
     if kv_ops.POSTED:
         kv_ops.wait(0, c.WG)
-        valid = kv_ops.item(0, 4, c.batch.rule, True).valid
+        valid = kv_ops.more(0, 4, work)
         while valid:
-            it = _dkdv_item(c, d, kv_ops.item(t, 4, c.batch.rule, True), t, it, DIRECT)
+            it = _dkdv_item(c, d, kv_ops.posted(t, 4, work, c.batch, c.shape, True), t, it, DIRECT)
             t += 1
             kv_ops.wait(t, c.WG)
-            valid = kv_ops.item(t, 4, c.batch.rule, True).valid
+            valid = kv_ops.more(t, 4, work)
     else:
         first, end = work.bounds()
         for idx in range(first, end):
@@ -205,7 +207,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
     grads = DkdvGrads.create(grads, stats, score)
     # a work queue's items are posted: its writer warp (the one pass's) reads them from the records too
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, CFG.kv_slots, CFG.posts,
-                                CFG.queue and CFG.one_pass and not DIRECT)
+                                CFG.queue and CFG.one_pass and not DIRECT, CFG.posted_items)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
     c0 = Consumer(shape, kv_ops, qdo, grads, batch, 0)
     c1 = Consumer(shape, kv_ops, qdo, grads, batch, 1)

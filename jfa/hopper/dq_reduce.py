@@ -183,13 +183,14 @@ def dq_writer_partition(shape, work, batch, dq_desc, stage, kv_ops):
     if work.QUEUE:
         t = 0
         kv_ops.wait(0, 0)
-        tile = kv_ops.item(0, 1, batch.rule, True)
-        while tile.valid:
+        valid = kv_ops.more(0, 1, work)
+        while valid:
+            tile = kv_ops.posted(t, 1, work, batch, shape, True)
             kv_ops.release(t)  # (the record read)
             it, prev = _drain_item(tile, it, prev, shape, dq_desc, stage)
             t += 1
             kv_ops.wait(t, 0)
-            tile = kv_ops.item(t, 1, batch.rule, True)
+            valid = kv_ops.more(t, 1, work)
     else:
         first, end = work.bounds()
         for idx in range(first, end):

@@ -106,7 +106,7 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages
                 it = _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages)
                 t += 1
     if q_ops.POSTED:
-        q_ops.close(t)  # the consumers' end mark
+        q_ops.close(t, work)  # the consumers' end mark
 
 
 @gluon.jit
@@ -117,7 +117,7 @@ def _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv,
     q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
     q_ops.acquire(t)
     if q_ops.POSTED:
-        q_ops.post(t, tile)
+        q_ops.post(t, tile, idx, work)
     for w in gl.static_range(shape.CONSUMERS):
         if tile.start + w * WG_ROWS < tile.q_len:
             q_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
@@ -187,12 +187,13 @@ def _softmax_partition(WG: gl.constexpr, shape, work, batch, q_ops, kv, out):
         _turn(WG, out.PINGPONG, False)
     if q_ops.POSTED:
         q_ops.wait(0, WG)
-        valid = q_ops.item(0, 4, batch.rule, False).valid
+        valid = q_ops.more(0, 4, work)
         while valid:
-            it = _softmax_item(WG, shape, batch, q_ops.item(t, 4, batch.rule, False), t, it, q_ops, kv, out)
+            tile = q_ops.posted(t, 4, work, batch, shape, False)
+            it = _softmax_item(WG, shape, batch, tile, t, it, q_ops, kv, out)
             t += 1
             q_ops.wait(t, WG)
-            valid = q_ops.item(t, 4, batch.rule, False).valid
+            valid = q_ops.more(t, 4, work)
     else:
         first, end = work.bounds()
         for idx in range(first, end):
@@ -326,7 +327,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
     work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
     out = FwdOutput.create(o, lse, score, COALESCED, CFG.pingpong)
-    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED)
+    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED, False, CFG.posted_items)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
         gl.warp_specialize([

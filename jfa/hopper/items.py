@@ -82,11 +82,25 @@ class Item:
             return self.lo + j * BLOCK
 
 
+# one lane adds 1 to the ticket, its old value goes to the warp by a shuffle: triton's scalar atomic_add broadcasts
+# its result through shared memory, and with it the dK/dV kernel's default partition (a consumer) moved its block
+# loops' indices out of uniform registers (R2UR 27 -> 53, LDL 4 -> 21 per block at D=128: ptxas, by compiles)
+_TAKE = gl.constexpr("""{
+    .reg .pred first;
+    .reg .b32 lane;
+    mov.u32 lane, %laneid;
+    setp.eq.u32 first, lane, 0;
+    mov.u32 $0, 0;
+    @first atom.global.add.u32 $0, [$1], 1;
+    shfl.sync.idx.b32 $0, $0, 0, 0x1f, 0xffffffff;
+}""")
+
+
 @aggregate
 class WorkList:
     """This CTA's slots of a schedule (jfa.schedule.Schedule: tiles, order, sm_start), or with QUEUE the schedule's
     ranks as a work queue: the producer takes the next rank (an atomic ticket) whenever it has room for an item and
-    posts its slot to the other partitions (jfa.hopper.buffers.ItemOperands.post_slot)."""
+    posts its slot to the other partitions (jfa.hopper.buffers.ItemOperands.post, WorkList.post)."""
     tiles: gl.tensor
     order: gl.tensor
     sm_start: gl.tensor
@@ -120,11 +134,24 @@ class WorkList:
     @gluon.jit
     def take(self):
         """Producer (QUEUE): the slot of the queue's next rank (jfa.schedule.deal_slot), -1 once none is left."""
-        r = gl.atomic_add(self.ticket, 1)
+        r = gl.inline_asm_elementwise(_TAKE, "=r,l", [self.ticket], dtype=gl.int32, is_pure=False, pack=1)
         n = self.tile_capacity * self.heads
         ctas = gl.num_programs(0)
         slot = deal_slot(r, ctas, n // ctas, self.sm_start, r < n)
         return gl.where(r < n, slot, -1)
+
+    @gluon.jit
+    def post(self, box, slot):
+        """Producer (QUEUE): the slot of its next item (or -1, none) into this CTA's mailbox box (0, 1), read from
+        global memory by the readers after their barrier wait (post_read): a slot read from shared memory made the
+        default partition's block loops carry their indices in regular registers (R2UR 27 -> 53 per block, LDL
+        4 -> 21 at D=128), a global load keeps them uniform as the dealt schedule's."""
+        gl.store(self.ticket + 1 + 2 * gl.program_id(0) + box, slot)
+
+    @gluon.jit
+    def post_read(self, box):
+        """A reader (after the barrier wait that follows the post): the slot in mailbox box."""
+        return gl.load(self.ticket + 1 + 2 * gl.program_id(0) + box, cache_modifier=".cg")
 
     @gluon.jit
     def sequence(self, idx):
@@ -141,6 +168,14 @@ class WorkList:
     def key_tile(self, idx, batch, shape):
         """Slot idx's Item when the items are key tiles of shape.BLOCK_N keys (dK/dV): the queries that see them."""
         return self._item(idx, batch, shape.BLOCK_N, shape.BLOCK_M, True)
+
+    @gluon.jit
+    def tile(self, idx, batch, shape, KEY_TILES: gl.constexpr):
+        """Slot idx's key tile (KEY_TILES) or query tile."""
+        if KEY_TILES:
+            return self.key_tile(idx, batch, shape)
+        else:
+            return self.query_tile(idx, batch, shape)
 
     @gluon.jit
     def _item(self, idx, batch, BLOCK: gl.constexpr, OTHER_BLOCK: gl.constexpr, KEY_TILES: gl.constexpr):
