@@ -96,7 +96,10 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
         consumers = 1 if head_dim <= 64 else 2
         return FwdConfig(consumers=consumers, stages=2, coalesced_store=True, posted_items=consumers == 1,
                          pingpong=consumers == 2)
-    return FwdConfig(consumers=2, pingpong=True)
+    # D=128's long form from a work queue, posting whole records (3 rounds, ms, dealt -> queued: hstu-silu 6.25 ->
+    # 5.72, window-256 3.75 -> 3.52, causal-skewed-4k 1.55 -> 1.51, self-skewed-8k 2.60 -> 2.55, gqa-uniform-2k
+    # even; posting the slot alone: even). D=64's is untimed
+    return FwdConfig(consumers=2, pingpong=True, queue=head_dim > 64, posted_items=head_dim > 64)
 
 
 @dataclass(frozen=True)
@@ -110,9 +113,9 @@ class DkdvConfig:
     kv_slots: int = 1  # K/V sets: 2 loads the next item's K/V while this item runs
     posted_items: bool = False  # each item posted beside its K/V, then an end mark (ItemOperands.post)
     # items taken from a work queue in the schedule's rank order (jfa.hopper.items.WorkList.take), not dealt to the
-    # CTAs ahead, and posted (as posted_items): the running items stay a window of consecutive ranks, whose Q, dO
-    # and float32 dQ stay in L2. With (sequence, head, tile) order list-scheduled on the host (.ab/loc.py),
-    # hstu-silu's one pass read 23.2 -> 14.7 GB of DRAM (L2 hits 59 -> 72%) and ran 16.58 -> 15.63 ms (ncu)
+    # CTAs ahead, and posted (each item's slot, or with posted_items its record): the running items stay a window of
+    # consecutive ranks, whose Q, dO and float32 dQ stay in L2 (hstu-silu's one pass, ncu: DRAM read 23.2 -> 8.7
+    # GB, L2 hits 59 -> 83%, 16.5 -> 15.9 ms)
     queue: bool = False
 
     @property
@@ -138,9 +141,11 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
     spills (340 B) and still beat 32-row blocks by 8-17%, but where sequences have at most SHORT_Q_DKDV query rows.
     Posted items wherever the K/V sets are two, and in the pass without dQ: ncu put 15-20% of targets-32's consumer
     stall samples on WorkList.item's dependent loads (targets-32 backward 1.638 -> 1.390 ms, short-128 2.139 -> 1.932,
-    pma-64 2.340 -> 2.123); the 64-row one pass at D=128 keeps the schedule (posting there spilled 2,048 B). The one
+    pma-64 2.340 -> 2.123); the 64-row one pass at D=128 posts no records (they spilled 2,048 B). The one
     pass at D=128 takes 32-row blocks and two K/V sets up to SHORT_Q query rows, or broadcast q's SHORT_Q_DKDV
-    (dq_route)."""
+    (dq_route); its 64-row form takes its items from a work queue (DkdvConfig.queue: whole backward, 3 rounds, ms,
+    dealt -> queued: window-256 11.51 -> 10.34, gqa-uniform-2k 19.38 -> 17.96, hstu-targets 20.61 -> 19.48,
+    hstu-silu 19.60 -> 18.78, causal-skewed-4k 4.54 -> 4.33, self-skewed-8k and gdpa-self even)."""
     if dq == DqRoute.REDUCE and head_dim > 64 and mean_q_len <= (SHORT_Q_DKDV if broadcast else SHORT_Q):
         return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS, posted_items=True)
     if dq == DqRoute.DIRECT and head_dim > 64:
@@ -149,7 +154,8 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
     if dq != DqRoute.NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x
         # 16 KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%)
         return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
-                          kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=head_dim <= 64)
+                          kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=head_dim <= 64,
+                          queue=head_dim > 64)
     if head_dim > 64 and mean_q_len <= SHORT_Q_DKDV:
         return DkdvConfig(block_m=32, serial=True, stages=2, kv_slots=KV_SLOTS, posted_items=True)
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
