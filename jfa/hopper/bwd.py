@@ -205,7 +205,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
     work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
     grads = DkdvGrads.create(grads, stats, score)
-    # a work queue's items are posted: its writer warp (the one pass's) reads them from the records too
+    # a work queue's items are posted: the one pass's writer warp reads them too (a reader on each set's empty)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, CFG.kv_slots, CFG.posts,
                                 CFG.queue and CFG.one_pass and not DIRECT, CFG.posted_items)
     qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)

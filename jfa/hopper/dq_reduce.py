@@ -176,8 +176,8 @@ def _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage):
 @gluon.jit
 def dq_writer_partition(shape, work, batch, dq_desc, stage, kv_ops):
     """The writer warp: the (Q, dO) blocks of every item in the producer's order, each block's chunks in order
-    (from their owners). A work queue's items (work.QUEUE): each read from kv_ops' posted record (then its set
-    released), as the consumers read them."""
+    (from their owners). A work queue's items (work.QUEUE): each as kv_ops posted it (ItemOperands.posted: its slot,
+    or its record), then its set released, as the consumers read them."""
     it = 0  # (Q, dO) blocks so far
     prev = -1
     if work.QUEUE:

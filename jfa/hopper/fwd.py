@@ -111,8 +111,8 @@ def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages
 
 @gluon.jit
 def _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages):
-    """Producer: item t (schedule slot idx): its Q (posted: its record first), then its K/V blocks from ring block it
-    on -> the next block's count."""
+    """Producer: item t (schedule slot idx): its Q (posted: its record or slot first), then its K/V blocks from ring
+    block it on -> the next block's count."""
     HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
     q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
     q_ops.acquire(t)
