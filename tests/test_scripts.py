@@ -55,3 +55,28 @@ def test_gpu_suite_shards_split_it_whole():
     functions = [{n.split("[")[0] for n in part} for part in parts]
     assert not (functions[0] & functions[1]) and not (functions[0] & functions[2]) and not (functions[1] & functions[2])
     assert max(map(len, parts)) < 0.5 * len(whole)
+
+
+def test_peer_kernels_table_reads_ncu_raw_pages():
+    """benchmarks/peer_kernels.py: a raw page of two kernels (ncu's header, units, a row a kernel) becomes a row a
+    kernel, each column the metric its pattern names in the table's unit (ms, GB, KB), "-" where the report has
+    none, and the extra metrics' lines."""
+    import runpy
+    peer = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "peer_kernels.py"))
+    raw = "\n".join([
+        '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","launch__shared_mem_per_block_dynamic",'
+        '"smsp__issue_active.avg.pct_of_peak_sustained_active"',
+        '"","","usecond","Gbyte","Kbyte","%"',
+        '"0","hopper_dkdv_kernel","6,430.5","1.75","200","52.6"',
+        '"1","delta_kernel","80","0.3","0","9.1"'])
+    rows, extra = peer["table"](raw, "jfa")
+    assert len(rows) == 2
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    titles = [t for t, _ in peer["COLUMNS"]]
+    assert cells[:2] == ["jfa", "hopper_dkdv_kernel"]
+    got = dict(zip(titles, cells[2:]))
+    assert (got["ms"], got["DRAM rd GB"], got["smem KB"], got["issue %"], got["regs"]) == ("6.43", "1.75", "200",
+                                                                                       "52.6", "-")
+    assert dict(zip(titles, [c.strip() for c in rows[1].strip("|").split("|")][2:]))["ms"] == "0.08"
+    assert any("issue_active" in line for line in extra)
+    assert peer["table"]('"ID"\n""', "fa4")[0] == ["| fa4 | (no kernel profiled) |"]

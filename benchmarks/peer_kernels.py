@@ -1,0 +1,141 @@
+"""jfa's kernels beside a peer's under ncu, kernel by kernel: one forward + backward of each provider on a suite
+workload (bf16, an sm_90 GPU), every kernel it launches profiled, and a table of what bounds each (time, tensor
+pipe, issue slots, shared memory, DRAM bytes, L2 hits, registers, grid). Where a peer's kernel is faster at the
+same FLOPs, the table says which resource it uses better: read it before building a lever (session 30 found jfa's
+one pass moving 3.3x NVIDIA HSTU's DRAM bytes this way, and the work queue came of it).
+
+    python benchmarks/peer_kernels.py --only WORKLOAD [--providers jfa,fa4] [--out DIR] [--set full]
+    python benchmarks/peer_kernels.py --only WORKLOAD --providers P --calls 2      (the profiled program itself)
+
+Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call inside the NVTX
+range "profiled", which alone is profiled (--nvtx-include). The reports (DIR/peer-WORKLOAD-PROVIDER.ncu-rep), their
+raw pages (.csv) and the table (DIR/peer-WORKLOAD.txt) stay for a closer look (`ncu -i REPORT --page details`,
+scripts/ncu_lines.py on `--page source`). FA4 needs its carried install (scripts/lib.sh's fa4).
+"""
+import argparse
+import csv
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# raw-page metrics worth a column: (column title, regex over ncu's metric names); every match is shown
+COLUMNS = [
+    ("ms", r"^gpu__time_duration\.sum$"),
+    ("tensor %", r"^sm__pipe_tensor_op_gmma_cycles_active\.avg\.pct_of_peak_sustained_active$|"
+                 r"^sm__inst_executed_pipe_tensor_op_gmma\.avg\.pct_of_peak_sustained_active$"),
+    ("issue %", r"^smsp__issue_active\.avg\.pct_of_peak_sustained_active$"),
+    ("smem %", r"^l1tex__data_pipe_lsu_wavefronts_mem_shared\.sum\.pct_of_peak_sustained_elapsed$"),
+    ("bank confl", r"^l1tex__data_bank_conflicts_pipe_lsu_mem_shared\.sum$"),
+    ("DRAM rd GB", r"^dram__bytes_read\.sum$"),
+    ("DRAM wr GB", r"^dram__bytes_write\.sum$"),
+    ("L2 hit %", r"^lts__t_sector_hit_rate\.pct$"),
+    ("regs", r"^launch__registers_per_thread$"),
+    ("grid", r"^launch__grid_size$"),
+    ("block", r"^launch__block_size$"),
+    ("smem KB", r"^launch__shared_mem_per_block_dynamic$"),
+]
+# any other raw metric whose name matches this goes to the long listing under the table
+EXTRA = re.compile(r"pipe_tensor.*pct|issue_active.*pct|mem_shared.*pct|lsu_mem_local|"
+                   r"warp_latency_issue_stalled|pipe_.*cycles_active.*pct_of_peak_sustained_active")
+
+
+def calls(only: str, provider: str, n: int) -> None:
+    """The profiled program: provider's forward + backward on the workload, n - 1 warm-up calls, then one inside the
+    NVTX range "profiled"."""
+    import torch
+
+    from jfa.bench import providers, suite
+    from jfa.bench.runner import run_provider_once
+    [w] = suite.select(suite.load_suite()[1], only)
+    inp = suite.make_inputs(w, device="cuda", dtype=torch.bfloat16)
+    [prov] = providers.select(provider)
+    why = prov.skip_reason(inp)
+    if why:
+        sys.exit(f"{provider} skips {only}: {why}")
+    fn, _ = prov.build(inp)
+    for _ in range(n - 1):
+        run_provider_once(fn, inp)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("profiled")
+    run_provider_once(fn, inp)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def _scaled(title: str, unit: str, value: str) -> str:
+    try:
+        x = float(value.replace(",", ""))
+    except ValueError:
+        return value
+    scale = {"ms": {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0},
+             "DRAM rd GB": {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0},
+             "smem KB": {"byte": 1 / 1024, "Kbyte": 1.0}}
+    factor = scale.get("DRAM rd GB" if title == "DRAM wr GB" else title, {}).get(unit, 1.0)
+    return f"{x * factor:.3g}"
+
+
+def table(raw_csv: str, provider: str) -> tuple[list[str], list[str]]:
+    """(table rows, the extra metrics' lines) of one report's raw page: a row per profiled kernel."""
+    rows = list(csv.reader(raw_csv.splitlines()))
+    if len(rows) < 3:
+        return [f"| {provider} | (no kernel profiled) |"], []
+    head, units, body = rows[0], rows[1], rows[2:]
+    name_at = head.index("Kernel Name")
+    out, extra = [], []
+    for row in body:
+        cells = []
+        for title, pattern in COLUMNS:
+            hits = [_scaled(title, units[i], row[i]) for i, k in enumerate(head) if re.search(pattern, k)]
+            cells.append(" / ".join(hits) if hits else "-")
+        kernel = row[name_at][:60]
+        out.append(f"| {provider} | {kernel} | " + " | ".join(cells) + " |")
+        extra += [f"{provider} {kernel}: {k} = {row[i]} {units[i]}" for i, k in enumerate(head) if EXTRA.search(k)]
+    return out, extra
+
+
+def profile(only: str, provider: str, out: Path, section_set: str) -> tuple[list[str], list[str]]:
+    rep = out / f"peer-{only}-{provider}"
+    cmd = ["ncu", "--set", section_set, "--import-source", "no", "--clock-control", "none", "--nvtx",
+           "--nvtx-include", "profiled/", "-f", "-o", str(rep), sys.executable, __file__, "--only", only,
+           "--providers", provider, "--calls", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return [f"| {provider} | ncu rc {r.returncode}: {r.stderr.strip()[-300:]} |"], []
+    raw = subprocess.run(["ncu", "-i", f"{rep}.ncu-rep", "--page", "raw", "--csv"], capture_output=True,
+                         text=True).stdout
+    Path(f"{rep}.csv").write_text(raw)
+    return table(raw, provider)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", required=True, help="one suite workload")
+    p.add_argument("--providers", default="jfa,fa4", help="comma-separated jfa bench providers")
+    p.add_argument("--calls", type=int, help="(the profiled program) calls of one provider, the last profiled")
+    p.add_argument("--set", default="full", help="ncu's section set (default full)")
+    p.add_argument("--out", default=os.environ.get("OUT", "peer-out"))
+    args = p.parse_args(argv)
+    if args.calls:
+        calls(args.only, args.providers, args.calls)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"{args.only}: every kernel of one forward + backward",
+             "| provider | kernel | " + " | ".join(t for t, _ in COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COLUMNS)]
+    extras = []
+    for provider in args.providers.split(","):
+        rows, extra = profile(args.only, provider, out, args.set)
+        lines += rows
+        extras += extra
+        print("\n".join(rows), flush=True)
+    text = "\n".join(lines + [""] + extras) + "\n"
+    (out / f"peer-{args.only}.txt").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
