@@ -5,10 +5,14 @@
 # and past 570 s at 8: where one call may not hold it, run it in parts,
 #   scripts/gpu_tests.sh 570 --shard 1/2     then     scripts/gpu_tests.sh 570 --shard 2/2
 # (tests/conftest.py: every test function's cases in one part, the parts the same on every run).
+# Triton's cache comes from a carried .triton-cache/ and goes back packed into $OUT (scripts/lib.sh's
+# triton_cache): with the kernels compiled in an earlier call, only the changed ones compile.
 set -uo pipefail
 source scripts/lib.sh
 limit=${1:-300}; shift || true
 [ -d .venv ] || setup
+triton_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 step "$limit" $PY -m pytest -q -p no:cacheprovider -m gpu -n "${GPU_WORKERS:-14}" "$@" > "$OUT/gpu-tests.log" 2>&1
 grep -v "^  \|^$\|Warn" "$OUT/gpu-tests.log" | tail -20
+pack_triton_cache

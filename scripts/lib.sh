@@ -6,6 +6,10 @@
 #   fa4                the FA4 peer, when its two halves have come (.fa4/part1 in one call, .fa4/part2 in the
 #                      next while the machine is warm: scripts/fetch_fa4.sh): the halves wait in /tmp/fa4, the
 #                      install goes to /tmp/fa4site, and PYTHONPATH is set for it
+#   triton_cache       Triton's compiled kernels from the carried .triton-cache/ into the machine's cache (a
+#                      fresh machine compiles every kernel otherwise: scripts/triton_cache.py); pack_triton_cache
+#                      writes the cache back into $OUT for the next call (copy the returned triton-cache.tar.xz.*
+#                      over .triton-cache/ here)
 mkdir -p "${OUT:-out}"
 OUT=$(cd "${OUT:-out}" && pwd)
 export PYTHONUNBUFFERED=1
@@ -20,3 +24,6 @@ fa4() { mkdir -p /tmp/fa4; cp .fa4/part1/* .fa4/part2/* /tmp/fa4/ 2>/dev/null
             { tail -5 "$OUT/fa4-install.log"; rm -rf /tmp/fa4site; }
         fi
         if [ -d /tmp/fa4site ]; then export PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}; fi; }
+triton_cache() { if [ -d .triton-cache ]; then
+                   $PY scripts/triton_cache.py unpack .triton-cache || echo "triton_cache: unpack failed"; fi; }
+pack_triton_cache() { $PY scripts/triton_cache.py pack "$OUT" || echo "pack_triton_cache: failed"; }

@@ -80,3 +80,44 @@ def test_peer_kernels_table_reads_ncu_raw_pages():
     assert dict(zip(titles, [c.strip() for c in rows[1].strip("|").split("|")][2:]))["ms"] == "0.08"
     assert any("issue_active" in line for line in extra)
     assert peer["table"]('"ID"\n""', "fa4")[0] == ["| fa4 | (no kernel profiled) |"]
+
+
+def test_triton_cache_travels_whole_or_not_at_all(tmp_path, monkeypatch):
+    """scripts/triton_cache.py: pack keeps each entry's binary, metadata, PTX and TTGIR (not its LLVM IR), newest
+    first within the budget, in parts; unpack restores them with the metadata group's paths pointed at the new
+    cache, keeps entries already there, and a missing part unpacks nothing instead of failing the call."""
+    import json
+    import runpy
+    import time
+    tool = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "triton_cache.py"))
+    src, dst, out = tmp_path / "src", tmp_path / "dst", tmp_path / "out"
+    rng = __import__("random").Random(0)
+    for i in range(6):
+        d = src / f"ENTRY{i}"
+        d.mkdir(parents=True)
+        blob = bytes(rng.getrandbits(8) for _ in range(40_000))  # incompressible: the budget bites
+        for ext, data in ((".cubin", blob), (".json", b"{}"), (".ptx", b"ptx"), (".llir", b"llir")):
+            (d / f"k{ext}").write_bytes(data)
+        (d / "__grp__k.json").write_text(json.dumps({"child_paths": {
+            f"k{e}": str(d / f"k{e}") for e in (".cubin", ".json", ".ptx", ".llir")}}))
+        os.utime(d / "k.cubin", (time.time() + i, time.time() + i))  # ENTRY5 newest
+    unpack, pack = tool["unpack"], tool["pack"]
+    monkeypatch.setitem(tool["cache_dir"].__globals__, "cache_dir", lambda: src)
+    assert pack(out, "c", budget=150_000, part_bytes=50_000) == 0
+    parts = sorted(out.glob("c.tar.xz.*"))
+    assert len(parts) >= 2 and all(p.stat().st_size <= 50_000 for p in parts)
+    monkeypatch.setitem(tool["cache_dir"].__globals__, "cache_dir", lambda: dst)
+    (dst / "ENTRY5").mkdir(parents=True)  # already there: kept as it is
+    assert unpack(out, "c") == 0
+    got = sorted(p.name for p in dst.iterdir())
+    assert "ENTRY5" in got and "ENTRY0" not in got and 3 <= len(got) < 6  # newest first, within the budget
+    e4 = dst / "ENTRY4"
+    assert sorted(p.name for p in e4.iterdir()) == ["__grp__k.json", "k.cubin", "k.json", "k.ptx"]
+    assert (e4 / "k.cubin").read_bytes() == (src / "ENTRY4" / "k.cubin").read_bytes()
+    paths = json.loads((e4 / "__grp__k.json").read_text())["child_paths"]
+    assert paths == {f"k{e}": str(e4 / f"k{e}") for e in (".cubin", ".json", ".ptx")}
+    assert not list((dst / "ENTRY5").iterdir())
+    parts[1].unlink()
+    fresh = tmp_path / "fresh"
+    monkeypatch.setitem(tool["cache_dir"].__globals__, "cache_dir", lambda: fresh)
+    assert unpack(out, "c") == 0 and not fresh.exists()
