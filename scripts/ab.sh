@@ -13,6 +13,7 @@ only=${2:?usage: scripts/ab.sh OTHER WORKLOADS [PARTS] [ROUNDS]}
 parts=${3:-forward,backward (default)}
 rounds=${4:-2}
 [ -d .venv ] || setup
+triton_cache
 for r in $(seq "$rounds"); do
   step 280 env PYTHONPATH="$other" $PY "$other/benchmarks/passes.py" --only "$only" --parts "$parts" | sed 's/^/other /'
   step 280 $PY benchmarks/passes.py --only "$only" --parts "$parts" | sed 's/^/this  /'

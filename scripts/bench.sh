@@ -11,6 +11,7 @@ only=${2:?usage: scripts/bench.sh NAME WORKLOADS [PROVIDERS] [OTHER_CHECKOUT]}
 providers=${3:-jfa,fa2,fa4,flex,sdpa-padded}
 other=${4:-}
 [ -d .venv ] || setup
+triton_cache
 fa4
 args=(-m jfa bench --only "$only" --providers "$providers" --no-plots)
 if [ -n "$other" ]; then  # python -m runs jfa from the current directory: the other checkout's

@@ -8,6 +8,7 @@ source scripts/lib.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 impls=${1:?usage: scripts/e2e.sh IMPLS [EXAMPLE_ARGS...]}; shift
 [ -d .venv ] || setup
+triton_cache
 fa4
 gpus=${GPUS:-1}
 if [ "$gpus" -gt 1 ]; then run=($PY -m torch.distributed.run --nproc_per_node "$gpus"); else run=($PY); fi

@@ -7,7 +7,8 @@
 #                      next while the machine is warm: scripts/fetch_fa4.sh): the halves wait in /tmp/fa4, the
 #                      install goes to /tmp/fa4site, and PYTHONPATH is set for it
 #   triton_cache       Triton's compiled kernels from the carried .triton-cache/ into the machine's cache (a
-#                      fresh machine compiles every kernel otherwise: scripts/triton_cache.py); pack_triton_cache
+#                      fresh machine compiles every kernel otherwise: scripts/triton_cache.py; every script here
+#                      calls it after setup); pack_triton_cache
 #                      writes the cache back into $OUT for the next call (copy the returned triton-cache.tar.xz.*
 #                      over .triton-cache/ here)
 mkdir -p "${OUT:-out}"

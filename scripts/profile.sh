@@ -16,6 +16,7 @@ sections=("$@")
 args=()
 for s in "${sections[@]}"; do args+=(--section "$s"); done
 [ -d .venv ] || setup
+triton_cache
 step 300 ncu --clock-control none --kernel-name "regex:$regex" --launch-skip 1 --launch-count 1 "${args[@]}" \
   $PY benchmarks/passes.py --only "$workload" --parts "$part" --calls 2 > "$OUT/ncu-$workload.txt" 2>&1
 grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Thr|Memory Throughput|Warp Cycles Per Issued|Issued Warp|No Eligible|Achieved Occupancy|Registers Per|Dynamic Shared|L2 Hit" \

@@ -6,6 +6,7 @@
 set -uo pipefail
 source scripts/lib.sh
 [ -d .venv ] || setup
+triton_cache
 for tool in ${1:-memcheck racecheck}; do
   step 200 compute-sanitizer --tool "$tool" --print-limit 20 $PY benchmarks/small_case.py \
     > "$OUT/sanitizer-$tool.txt" 2>&1
