@@ -9,8 +9,9 @@ one pass moving 3.3x NVIDIA HSTU's DRAM bytes this way, and the work queue came 
 
 Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call inside the NVTX
 range "profiled", which alone is profiled (--nvtx-include). The reports (DIR/peer-WORKLOAD-PROVIDER.ncu-rep), their
-raw pages (.csv) and the table (DIR/peer-WORKLOAD.txt) stay for a closer look (`ncu -i REPORT --page details`,
-scripts/ncu_lines.py on `--page source`). FA4 needs its carried install (scripts/lib.sh's fa4).
+raw pages (.csv), each provider's longest kernel's source page (.source.csv) and the table with those kernels'
+top stall lines (scripts/ncu_lines.py) in DIR/peer-WORKLOAD.txt stay for a closer look (`ncu -i REPORT --page
+details`). FA4 needs its carried install (scripts/lib.sh's fa4).
 """
 import argparse
 import csv
@@ -19,6 +20,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # raw-page metrics worth a column: (column title, regex over ncu's metric names); every match is shown
 COLUMNS = [
@@ -106,7 +109,27 @@ def profile(only: str, provider: str, out: Path, section_set: str) -> tuple[list
     raw = subprocess.run(["ncu", "-i", f"{rep}.ncu-rep", "--page", "raw", "--csv"], capture_output=True,
                          text=True).stdout
     Path(f"{rep}.csv").write_text(raw)
-    return table(raw, provider)
+    rows, extra = table(raw, provider)
+    return rows, extra + stall_lines(f"{rep}.ncu-rep", raw, provider)
+
+
+def stall_lines(report: str, raw_csv: str, provider: str, n: int = 12) -> list[str]:
+    """scripts/ncu_lines.py's top lines (where the warps wait) of the provider's longest kernel."""
+    rows = list(csv.reader(raw_csv.splitlines()))
+    if len(rows) < 3:
+        return []
+    head, body = rows[0], rows[2:]
+    at, name_at = head.index("gpu__time_duration.sum"), head.index("Kernel Name")
+    longest = max(body, key=lambda r: float(r[at].replace(",", "") or 0))[name_at]
+    base = re.sub(r"[^A-Za-z0-9_].*", "", longest)  # (demangled names carry templates and arguments)
+    src = subprocess.run(["ncu", "-i", report, "--page", "source", "--csv", "--print-source", "sass",
+                          "--kernel-name", f"regex:{re.escape(base)}", "--launch-count", "1"],
+                         capture_output=True, text=True).stdout
+    path = Path(report).with_suffix(".source.csv")
+    path.write_text(src)
+    top = subprocess.run([sys.executable, str(ROOT / "scripts" / "ncu_lines.py"), str(path), str(n)],
+                         capture_output=True, text=True)
+    return [f"{provider} {base}: where its warps wait (scripts/ncu_lines.py)"] + (top.stdout or top.stderr).splitlines()
 
 
 def main(argv=None) -> int:
