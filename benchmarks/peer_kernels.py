@@ -8,10 +8,11 @@ one pass moving 3.3x NVIDIA HSTU's DRAM bytes this way, and the work queue came 
     python benchmarks/peer_kernels.py --only WORKLOAD --providers P --calls 2      (the profiled program itself)
 
 Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call inside the NVTX
-range "profiled", which alone is profiled (--nvtx-include). The reports (DIR/peer-WORKLOAD-PROVIDER.ncu-rep), their
-raw pages (.csv), each provider's longest kernel's source page (.source.csv) and the table with those kernels'
-top stall lines (scripts/ncu_lines.py) in DIR/peer-WORKLOAD.txt stay for a closer look (`ncu -i REPORT --page
-details`). FA4 needs its carried install (scripts/lib.sh's fa4).
+range "profiled", which alone is profiled (--nvtx-include). The table, with each provider's longest kernel's top
+stall lines (scripts/ncu_lines.py), goes to DIR/peer-WORKLOAD.txt and those kernels' source pages to
+DIR/peer-WORKLOAD-PROVIDER.source.csv; the reports and their raw pages (tens of MB) stay in the temporary folder
+(peer-WORKLOAD-PROVIDER.ncu-rep: `ncu -i REPORT --page details`). FA4 needs its carried install (scripts/lib.sh's
+fa4).
 """
 import argparse
 import csv
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +101,8 @@ def table(raw_csv: str, provider: str) -> tuple[list[str], list[str]]:
 
 
 def profile(only: str, provider: str, out: Path, section_set: str) -> tuple[list[str], list[str]]:
-    rep = out / f"peer-{only}-{provider}"
+    # the report and its raw page in the temporary folder (tens of MB: more than the device tool brings back)
+    rep = Path(tempfile.gettempdir()) / f"peer-{only}-{provider}"
     cmd = ["ncu", "--set", section_set, "--import-source", "no", "--clock-control", "none", "--nvtx",
            "--nvtx-include", "profiled/", "-f", "-o", str(rep), sys.executable, __file__, "--only", only,
            "--providers", provider, "--calls", "2"]
@@ -110,10 +113,10 @@ def profile(only: str, provider: str, out: Path, section_set: str) -> tuple[list
                          text=True).stdout
     Path(f"{rep}.csv").write_text(raw)
     rows, extra = table(raw, provider)
-    return rows, extra + stall_lines(f"{rep}.ncu-rep", raw, provider)
+    return rows, extra + stall_lines(f"{rep}.ncu-rep", raw, provider, out)
 
 
-def stall_lines(report: str, raw_csv: str, provider: str, n: int = 12) -> list[str]:
+def stall_lines(report: str, raw_csv: str, provider: str, out: Path, n: int = 12) -> list[str]:
     """scripts/ncu_lines.py's top lines (where the warps wait) of the provider's longest kernel."""
     rows = list(csv.reader(raw_csv.splitlines()))
     if len(rows) < 3:
@@ -125,7 +128,7 @@ def stall_lines(report: str, raw_csv: str, provider: str, n: int = 12) -> list[s
     src = subprocess.run(["ncu", "-i", report, "--page", "source", "--csv", "--print-source", "sass",
                           "--kernel-name", f"regex:{re.escape(base)}", "--launch-count", "1"],
                          capture_output=True, text=True).stdout
-    path = Path(report).with_suffix(".source.csv")
+    path = out / (Path(report).stem + ".source.csv")
     path.write_text(src)
     top = subprocess.run([sys.executable, str(ROOT / "scripts" / "ncu_lines.py"), str(path), str(n)],
                          capture_output=True, text=True)
