@@ -22,20 +22,22 @@ BATCH = 16  # the stub's cost does not depend on the sizes
 
 
 def _stub_backend():
+    """A backend (jfa.backends: forward(problem) -> (out, lse), backward(problem, out, lse, dout, dlse) -> grads)
+    that returns preallocated tensors of the right shapes."""
     outputs, grads = {}, {}
 
-    def forward(q, k, v, q_offsets, kv_offsets, scale, left, right, broadcast):
-        rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast else q.shape[0]
+    def forward(p):
+        q, rows = p.q, p.rows
         key = (rows, q.shape, q.dtype)
         if key not in outputs:
             outputs[key] = (q.new_zeros(rows, q.shape[1], q.shape[2]),
                             q.new_zeros(q.shape[1], rows, dtype=torch.float32))
         return outputs[key]
 
-    def backward(dout, dlse, q, k, v, *rest, deterministic=False, max_kv_len=None):
-        key = (q.shape, k.shape, q.dtype)
+    def backward(p, out, lse, dout, dlse):
+        key = (p.q.shape, p.k.shape, p.q.dtype)
         if key not in grads:
-            grads[key] = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+            grads[key] = (torch.zeros_like(p.q), torch.zeros_like(p.k), torch.zeros_like(p.v))
         return grads[key]
 
     return Backend("stub", forward, backward, lambda device, head_dim, dtype: True)

@@ -121,3 +121,17 @@ def test_triton_cache_travels_whole_or_not_at_all(tmp_path, monkeypatch):
     fresh = tmp_path / "fresh"
     monkeypatch.setitem(tool["cache_dir"].__globals__, "cache_dir", lambda: fresh)
     assert unpack(out, "c") == 0 and not fresh.exists()
+
+
+def test_api_overhead_runs_over_todays_backend_interface():
+    """benchmarks/api_overhead.py (the public functions' host time over a stub backend, on the CPU): its stub
+    follows jfa.backends' interface, so each case runs and prints its time (a stub of an older interface failed
+    every call)."""
+    script = Path(__file__).parents[1] / "benchmarks" / "api_overhead.py"
+    res = subprocess.run([sys.executable, str(script), "--calls", "20", "--rounds", "1"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.strip().splitlines()
+    assert [line.split(" median")[0].strip() for line in lines] == [
+        "broadcast forward", "broadcast forward+backward", "cross forward", "cross forward+backward"]
+    assert all(float(line.split("median")[1].split("us")[0]) > 0 for line in lines)
