@@ -25,21 +25,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# raw-page metrics worth a column: (column title, regex over ncu's metric names); every match is shown
+# raw-page metrics worth a column: (column title, regex over ncu's metric names, {ncu unit: factor to the title's
+# unit}); every match is shown
+_MS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}
+_GB = {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0}
 COLUMNS = [
-    ("ms", r"^gpu__time_duration\.sum$"),
+    ("ms", r"^gpu__time_duration\.sum$", _MS),
     ("tensor %", r"^sm__pipe_tensor_op_gmma_cycles_active\.avg\.pct_of_peak_sustained_active$|"
-                 r"^sm__inst_executed_pipe_tensor_op_gmma\.avg\.pct_of_peak_sustained_active$"),
-    ("issue %", r"^smsp__issue_active\.avg\.pct_of_peak_sustained_active$"),
-    ("smem %", r"^l1tex__data_pipe_lsu_wavefronts_mem_shared\.sum\.pct_of_peak_sustained_elapsed$"),
-    ("bank confl", r"^l1tex__data_bank_conflicts_pipe_lsu_mem_shared\.sum$"),
-    ("DRAM rd GB", r"^dram__bytes_read\.sum$"),
-    ("DRAM wr GB", r"^dram__bytes_write\.sum$"),
-    ("L2 hit %", r"^lts__t_sector_hit_rate\.pct$"),
-    ("regs", r"^launch__registers_per_thread$"),
-    ("grid", r"^launch__grid_size$"),
-    ("block", r"^launch__block_size$"),
-    ("smem KB", r"^launch__shared_mem_per_block_dynamic$"),
+                 r"^sm__inst_executed_pipe_tensor_op_gmma\.avg\.pct_of_peak_sustained_active$", {}),
+    ("issue %", r"^smsp__issue_active\.avg\.pct_of_peak_sustained_active$", {}),
+    ("smem %", r"^l1tex__data_pipe_lsu_wavefronts_mem_shared\.sum\.pct_of_peak_sustained_elapsed$", {}),
+    ("bank confl", r"^l1tex__data_bank_conflicts_pipe_lsu_mem_shared\.sum$", {}),
+    ("DRAM rd GB", r"^dram__bytes_read\.sum$", _GB),
+    ("DRAM wr GB", r"^dram__bytes_write\.sum$", _GB),
+    ("L2 hit %", r"^lts__t_sector_hit_rate\.pct$", {}),
+    ("regs", r"^launch__registers_per_thread$", {}),
+    ("grid", r"^launch__grid_size$", {}),
+    ("block", r"^launch__block_size$", {}),
+    ("smem KB", r"^launch__shared_mem_per_block_dynamic$", {"byte": 1 / 1024, "Kbyte": 1.0}),
 ]
 # any other raw metric whose name matches this goes to the long listing under the table
 EXTRA = re.compile(r"pipe_tensor.*pct|issue_active.*pct|mem_shared.*pct|lsu_mem_local|"
@@ -69,16 +72,12 @@ def calls(only: str, provider: str, n: int) -> None:
     torch.cuda.nvtx.range_pop()
 
 
-def _scaled(title: str, unit: str, value: str) -> str:
+def _scaled(factors: dict, unit: str, value: str) -> str:
     try:
         x = float(value.replace(",", ""))
     except ValueError:
         return value
-    scale = {"ms": {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0},
-             "DRAM rd GB": {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0},
-             "smem KB": {"byte": 1 / 1024, "Kbyte": 1.0}}
-    factor = scale.get("DRAM rd GB" if title == "DRAM wr GB" else title, {}).get(unit, 1.0)
-    return f"{x * factor:.3g}"
+    return f"{x * factors.get(unit, 1.0):.3g}"
 
 
 def table(raw_csv: str, provider: str) -> tuple[list[str], list[str]]:
@@ -91,8 +90,8 @@ def table(raw_csv: str, provider: str) -> tuple[list[str], list[str]]:
     out, extra = [], []
     for row in body:
         cells = []
-        for title, pattern in COLUMNS:
-            hits = [_scaled(title, units[i], row[i]) for i, k in enumerate(head) if re.search(pattern, k)]
+        for _, pattern, factors in COLUMNS:
+            hits = [_scaled(factors, units[i], row[i]) for i, k in enumerate(head) if re.search(pattern, k)]
             cells.append(" / ".join(hits) if hits else "-")
         kernel = row[name_at][:60]
         out.append(f"| {provider} | {kernel} | " + " | ".join(cells) + " |")
@@ -149,7 +148,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"{args.only}: every kernel of one forward + backward",
-             "| provider | kernel | " + " | ".join(t for t, _ in COLUMNS) + " |",
+             "| provider | kernel | " + " | ".join(t for t, _, _ in COLUMNS) + " |",
              "|---|---|" + "---|" * len(COLUMNS)]
     extras = []
     for provider in args.providers.split(","):

@@ -92,10 +92,6 @@ def pack(out: Path, name: str, budget: int, part_bytes: int) -> int:
     xz = lzma.LZMAFile(parts, "wb", preset=3)  # ~20 MB/s, ~11x on cubins and PTX (preset 6: 4 MB/s, 15x)
     packed = skipped = 0
     with tarfile.open(fileobj=xz, mode="w") as tar:
-        manifest = json.dumps({"root": str(root)}).encode()
-        info = tarfile.TarInfo("manifest.json")
-        info.size = len(manifest)
-        tar.addfile(info, io.BytesIO(manifest))
         for d, files in _entries(root):
             if parts.total >= budget * 0.95:  # (the compressor holds some back: stop short of the budget)
                 skipped += 1
@@ -157,7 +153,7 @@ def _read(src: Path, name: str):
     entries = {}
     with tar:
         for m in tar:
-            if not m.isfile() or m.name == "manifest.json":
+            if not m.isfile():
                 continue
             entry, _, fname = m.name.partition("/")
             if not entry or not fname or "/" in fname or entry.startswith("."):

@@ -72,7 +72,7 @@ def test_peer_kernels_table_reads_ncu_raw_pages():
     rows, extra = peer["table"](raw, "jfa")
     assert len(rows) == 2
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    titles = [t for t, _ in peer["COLUMNS"]]
+    titles = [t for t, _, _ in peer["COLUMNS"]]
     assert cells[:2] == ["jfa", "hopper_dkdv_kernel"]
     got = dict(zip(titles, cells[2:]))
     assert (got["ms"], got["DRAM rd GB"], got["smem KB"], got["issue %"], got["regs"]) == ("6.43", "1.75", "200",
