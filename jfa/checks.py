@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from .variants import SCORE_NAMES
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -82,7 +84,6 @@ def _finite(x: float) -> bool:
 
 
 def check_activation(activation):
-    from .variants import SCORE_NAMES
     if not isinstance(activation, str) or activation not in SCORE_NAMES:
         raise ValueError(f"unknown activation {activation!r}; expected one of {list(SCORE_NAMES)}")
 

@@ -68,8 +68,11 @@ def mask_group(num_targets, scalars, last_rows: bool) -> tuple:
     """A kernel's mask group (see the module doc): what the launchers pass, mask_rule reads. scalars: (left, right,
     contextual_len[, min_full_attn_len]); F = 0 passes as a constexpr, so that the kernels compile without it."""
     full = scalars[3] if len(scalars) > 3 else 0
-    return (num_targets, *scalars[:3], tl.constexpr(bool(last_rows)), full if full > 0 else tl.constexpr(0),
-            tl.constexpr(full > 0))
+    return (num_targets, *scalars[:3], _BOOLS[bool(last_rows)], full if full > 0 else _ZERO, _BOOLS[full > 0])
+
+
+# mask_group's constexprs, made once (three built per launch were half the group's host time)
+_BOOLS, _ZERO = (tl.constexpr(False), tl.constexpr(True)), tl.constexpr(0)
 
 
 @triton.jit

@@ -10,7 +10,9 @@ own autograd registration (kept for callers of torch.ops.jfa.attention and for t
 time per call in eager mode, which short batches feel (targets-32, a forward with grad: 621 -> 357 us of issue
 time per call on the H200's host; docs/perf-notes.md). In eager mode with plain tensors and no dispatch mode
 active, ``Attention`` also calls the backend itself rather than through the op's dispatcher (~70 us per call on
-its own); a dispatch mode (FlopCounterMode, fake tensors) or a tensor subclass still sees the op.
+its own), with the Problem whole rather than its fields (each argument autograd inspects, and the Problem rebuilt
+from them, is host time before the kernels launch, which do_bench's span of a short forward holds); a dispatch
+mode (FlopCounterMode, fake tensors) or a tensor subclass still sees the op.
 """
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ attention_backward = torch.library.custom_op(
 attention_backward.register_fake(_with_signature(_backward_fake, _GRADS, _BACKWARD_RETURNS))
 
 
-def _dispatch_free(*tensors) -> bool:
+def _dispatch_free(tensors) -> bool:
     """Whether Attention may run the op's implementation without the op: plain tensors, no dispatch mode."""
     return not is_in_torch_dispatch_mode() and all(t is None or type(t) is Tensor for t in tensors)
 
@@ -100,11 +102,12 @@ def _saved(ctx):
 
 
 def _backward(ctx, dout, dlse):
+    """The gradient of every field (None where a field has none): q's, k's and v's, and the tables' where given."""
     args, out, lse = _saved(ctx)
     if dout is None:
         dout = torch.zeros_like(out)
     backward_op = attention_backward
-    if getattr(ctx, "dispatch_free", False) and _dispatch_free(dout, dlse):
+    if getattr(ctx, "dispatch_free", False) and _dispatch_free((dout, dlse)):
         backward_op = _backward_impl
     dq, dk, dv, *tables = backward_op(dout, dlse, out, lse, *args)
     grads = [dq, dk, dv] + [None] * (len(FIELDS) - 3)  # q, k, v lead the fields; the tables have theirs too
@@ -117,27 +120,36 @@ def _backward(ctx, dout, dlse):
 attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+_GRAD_FIELDS = ("q", "k", "v", *_TABLES)  # the fields a gradient flows to: Attention's inputs after the problem
+_GRAD_INDEX = tuple(FIELDS.index(name) for name in _GRAD_FIELDS)
+_TENSOR_FIELDS = tuple(name for name, is_tensor in zip(FIELDS, IS_TENSOR) if is_tensor)
+
+
 class Attention(torch.autograd.Function):
-    """(out, lse) = jfa::attention(...) with jfa::attention_backward as its gradient (see module doc). Inside
-    forward grad mode is off, so the op skips its own autograd; gradients the caller leaves unused arrive as
-    None (dout None: zeros; dlse None: no LSE term)."""
+    """(out, lse) = jfa::attention(...) with jfa::attention_backward as its gradient (see module doc), given the
+    problem whole and, after it, the tensors of its fields a gradient may flow to (_GRAD_FIELDS: autograd links only
+    the tensors it is handed). Inside forward grad mode is off, so the op skips its own autograd; gradients the
+    caller leaves unused arrive as None (dout None: zeros; dlse None: no LSE term)."""
 
     @staticmethod
-    def forward(ctx, *args):
+    def forward(ctx, p, *grad_inputs):
         ctx.set_materialize_grads(False)
-        ctx.dispatch_free = _dispatch_free(*(a for a, is_tensor in zip(args, IS_TENSOR) if is_tensor))
-        out, lse = (_forward_impl if ctx.dispatch_free else attention)(*args)
+        ctx.dispatch_free = _dispatch_free([getattr(p, name) for name in _TENSOR_FIELDS])
+        args = p.flat()
+        out, lse = BACKENDS[p.backend].forward(p) if ctx.dispatch_free else attention(*args)
         _setup_context(ctx, args, (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+        grads = _backward(ctx, dout, dlse)
+        return (None, *(grads[i] for i in _GRAD_INDEX))
 
 
 def attend(p: Problem) -> tuple[Tensor, Tensor]:
     """What the public functions call: Attention in eager mode; under torch.compile the op itself, with its
     registered autograd (the compiled graph has no per-call host cost to save, and dynamo rejects an
     autograd.Function given the same tensor twice, as self-attention's offsets are)."""
-    args = p.flat()
-    return attention(*args) if torch.compiler.is_compiling() else Attention.apply(*args)
+    if torch.compiler.is_compiling():
+        return attention(*p.flat())
+    return Attention.apply(p, *(getattr(p, name) for name in _GRAD_FIELDS))

@@ -24,7 +24,6 @@ the tile (jfa.hopper.config.key_tile_schedule). Partitions:
             per warpgroup).
   writer    1 warp, one pass only: the dQ chunks' TMA reduce-adds (jfa.hopper.dq_reduce).
 """
-import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -267,7 +266,7 @@ def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_rang
     sequences whose key count lies in kv_range (a length class: jfa.hopper.config.bwd_classes)."""
     q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
-    spec = dataclasses.replace(key_tile_schedule(p, cfg, sms), kv_range=kv_range)
+    spec = key_tile_schedule(p, cfg, sms, kv_range)
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, dout.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
     dq_out = dq if cfg.dq == DqRoute.DIRECT else dk  # (dk stands in, unused)

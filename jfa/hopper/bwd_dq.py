@@ -13,7 +13,6 @@ tiles of 128 rows x heads on the forward's kind of schedule (at D=128 the very s
 In broadcast mode it writes per-sequence float32 partials, summed over the batch afterwards. With SKIP_KV > 0 it
 skips the sequences of at most SKIP_KV keys, whose dQ the dK/dV pass stored (jfa.hopper.config.DQ_DIRECT).
 """
-import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -215,7 +214,7 @@ def dq_pass(p: Problem, dout, lse, delta, dq, cfg: DqConfig, skip_kv: int = 0, k
     at most skip_kv keys, over the sequences whose key count lies in kv_range (a length class)."""
     q, k, v = p.q, p.k, p.v
     sms = num_sms(q.device)
-    spec = dataclasses.replace(query_tile_schedule(p, dq.shape[0], cfg.block_m, sms), kv_range=kv_range)
+    spec = query_tile_schedule(p, dq.shape[0], cfg.block_m, sms, kv_range)
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
     hopper_dq_kernel[(sms, )](*kernel_args(p, descriptors(q, dout, k, v, cfg), dq, lse, delta, sched),

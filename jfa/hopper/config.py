@@ -259,16 +259,17 @@ def for_problem(cfg, p: Problem):
     return dataclasses.replace(cfg, posted_items=False) if p.targets and cfg.posted_items else cfg
 
 
-def query_tile_schedule(p: Problem, rows: int, block_m: int, ctas: int) -> ScheduleSpec:
+def query_tile_schedule(p: Problem, rows: int, block_m: int, ctas: int,
+                        kv_range: tuple = (0, UNBOUNDED)) -> ScheduleSpec:
     """The forward's and the dQ pass's items: query tiles of block_m rows x heads, costed in key blocks of
     SCHEDULE_BLOCK_N whatever the kernel's block (the cost only balances the CTAs), so at D=128 the dQ pass
-    runs on the forward's schedule: one build per batch for both."""
+    runs on the forward's schedule: one build per batch for both. kv_range: a length class's (fwd_classes)."""
     return ScheduleSpec(rows, p.heads, block_m, SCHEDULE_BLOCK_N, ctas, p.mask_scalars(), p.targets,
-                        last_rows=p.last_rows)
+                        last_rows=p.last_rows, kv_range=kv_range)
 
 
-def key_tile_schedule(p: Problem, cfg: DkdvConfig, ctas: int) -> ScheduleSpec:
+def key_tile_schedule(p: Problem, cfg: DkdvConfig, ctas: int, kv_range: tuple = (0, UNBOUNDED)) -> ScheduleSpec:
     """The dK/dV pass's items: key tiles x kv heads, costed by the query blocks that see them (jfa.geometry's walk
-    of key tiles)."""
+    of key tiles). kv_range: a length class's (bwd_classes)."""
     return ScheduleSpec(p.k.shape[0], p.heads_kv, cfg.block_n, cfg.block_m, ctas, p.mask_scalars(), p.targets,
-                        key_tiles=True, last_rows=p.last_rows)
+                        key_tiles=True, last_rows=p.last_rows, kv_range=kv_range)

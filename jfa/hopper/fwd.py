@@ -18,7 +18,6 @@ tiles, two CTAs per SM) suits D=64 (jfa.hopper.config). A block that runs past i
 sequence's rows (the key mask hides them; stores skip query rows past the end); a consumer whose rows all lie
 past the end skips the math and only releases the buffers.
 """
-import dataclasses
 
 import torch
 from triton.experimental import gluon
@@ -376,7 +375,7 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     q, k, v = aligned(q, k, v)
     for cfg, kv_range in classes:  # (each class writes its sequences' rows)
         ctas = num_sms(q.device) * cfg.ctas_per_sm
-        spec = dataclasses.replace(query_tile_schedule(p, p.rows, cfg.block_m, ctas), kv_range=kv_range)
+        spec = query_tile_schedule(p, p.rows, cfg.block_m, ctas, kv_range)
         sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, p.key_rows_bound(), p.num_targets)
         hopper_fwd_kernel[(ctas, )](*kernel_args(p, descriptors(q, k, v, cfg), out, lse, sched),
                                     **constexprs(cfg, p), num_warps=4, **cfg.launch_options())
