@@ -213,11 +213,13 @@ def test_new_offsets_cost_is_the_extra_time_of_fresh_offsets():
     assert _new_offsets_ms(lambda qo, ko: None, inp, reps=3) < 5
 
 
-@pytest.mark.parametrize("host_ms,note", [(0.9, "host-bound"), (0.42, None)], ids=["host-bound", "gpu-bound"])
-def test_backward_of_a_host_bound_forward_comes_from_the_gpu_busy_times(monkeypatch, host_ms, note):
+@pytest.mark.parametrize("host_ms,issue,note", [(0.9, 0.5, "host-bound"), (0.42, 0.5, None), (0.9, 0.1, None)],
+                         ids=["host-bound", "gpu-bound", "fast-host"])
+def test_backward_of_a_host_bound_forward_comes_from_the_gpu_busy_times(monkeypatch, host_ms, issue, note):
     """do_bench's forward holds the host's time where the host issues a call more slowly than the GPU runs it (the
     forward+backward hides it behind the kernels): the backward is then the busy times' difference, and the result
-    says so; a GPU-bound forward keeps do_bench's split."""
+    says so; a GPU-bound forward keeps do_bench's split, and so does one whose do_bench time is above its busy time
+    while the host issues a call in a fraction of it (the host cannot be what the span holds)."""
     w = suite.Workload("t", "self", batch=2, max_len=9, dist="file", heads_q=2, heads_kv=2, head_dim=16,
                        lengths=(9, 2))
     inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
@@ -225,15 +227,31 @@ def test_backward_of_a_host_bound_forward_comes_from_the_gpu_busy_times(monkeypa
     busy = {"fn": 0.40, "fwd_bwd": 1.50}
     monkeypatch.setattr(runner, "time_ms", lambda f, *a, **k: timed[f.__name__])
     monkeypatch.setattr(runner, "gpu_busy_ms", lambda f, *a, **k: busy[f.__name__])
+    monkeypatch.setattr(runner, "issue_ms", lambda f, *a, **k: issue)
 
     def fn():
         return inp.q * 1.0
     m = runner.measure(fn, inp, 1e9, 2.5e9)
     assert m["fwd_gpu_ms"] == 0.40 and m["fwdbwd_gpu_ms"] == 1.50 and m["bwd_gpu_ms"] == pytest.approx(1.10)
+    assert m["fwd_issue_ms"] == issue
     if note:
-        assert m["bwd_ms"] == pytest.approx(1.10) and note in m["note"]
+        assert m["bwd_ms"] == pytest.approx(1.10) and note in m["note"] and "host 0.500 ms a call" in m["note"]
     else:
-        assert m["bwd_ms"] == pytest.approx(1.55 - 0.42) and "note" not in m
+        assert m["bwd_ms"] == pytest.approx(1.55 - host_ms) and "note" not in m
+
+
+def test_host_bound_needs_a_host_slow_enough_to_be_the_cause():
+    """The H200 run's rows: gdpa-cross-short-kv's jfa forward (do_bench 0.786 ms, busy 0.402, ~0.5 ms of host a call)
+    is host-bound; hstu-silu's (5.830 against 5.238, flagged by the ratio alone) is not; neither is a row without a
+    busy time or an issue time (off CUDA)."""
+    assert runner.host_bound(0.786, 0.402, 0.5)
+    assert not runner.host_bound(5.830, 5.238, 0.5)
+    assert not runner.host_bound(0.786, 0.402, None) and not runner.host_bound(0.786, None, 0.5)
+    assert not runner.host_bound(0.41, 0.402, 0.5)
+
+
+def test_issue_time_is_cuda_only():
+    assert runner.issue_ms(lambda: None, "cpu") is None
 
 
 def test_gpu_busy_time_is_cuda_only():
