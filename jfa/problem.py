@@ -150,11 +150,21 @@ class Problem:
         """The fields' values in order: the op's arguments."""
         return tuple(getattr(self, name) for name in FIELDS)
 
+    def host_key(self) -> tuple:
+        """Everything about the problem but its tensors' values: the fields that are not tensors, each tensor field's
+        shape and dtype (None where it is not given), the device, and whether one offsets tensor serves both sides.
+        What a backend decides on the host (kernel configs, schedule specs, compile-time arguments) is a function of
+        it, and may be cached by it."""
+        return (self.q.device, self.q_offsets is self.kv_offsets, *[getattr(self, name) for name in _SCALARS],
+                *[None if (t := getattr(self, name)) is None else (t.shape, t.dtype) for name in _TENSORS])
+
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Problem))
 TYPES = typing.get_type_hints(Problem)  # real types (this module's annotations are strings): the op's schema
 DEFAULTS = tuple(f.default for f in dataclasses.fields(Problem) if f.default is not dataclasses.MISSING)
 IS_TENSOR = tuple(TYPES[name] in (Tensor, Optional[Tensor]) for name in FIELDS)
+_TENSORS = tuple(name for name, is_tensor in zip(FIELDS, IS_TENSOR) if is_tensor)
+_SCALARS = tuple(name for name, is_tensor in zip(FIELDS, IS_TENSOR) if not is_tensor)
 
 
 def from_flat(args) -> Problem:

@@ -19,6 +19,8 @@ sequence's rows (the key mask hides them; stores skip query rows past the end); 
 past the end skips the math and only releases the buffers.
 """
 
+from dataclasses import dataclass
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -31,7 +33,7 @@ from ..geometry import block_count, key_blocks, key_range, visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import num_sms
-from ..schedule import CACHE
+from ..schedule import CACHE, ScheduleSpec
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring
 from .common import WG_ROWS, Batch, Rows, Shape, aggregate, aligned, mma_layout, rows, store_rows, tma_descriptor
@@ -357,14 +359,49 @@ def kernel_args(p: Problem, descs, out, lse, sched) -> tuple:
             score_args(p), p.mask_args(), p.page_args())
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of the forward kernel as far as the problem's host key decides it (jfa.problem.Problem.host_key):
+    its config, grid, schedule spec and the kernel's compile-time arguments and launch options."""
+    cfg: FwdConfig
+    ctas: int
+    spec: ScheduleSpec
+    key_rows: int  # the schedule's bound on the keys (jfa.problem.Problem.key_rows_bound)
+    options: dict
+
+
+_PLANS: dict = {}  # (host key, cfg) -> plan's launches (emptied when full)
+
+
+def plan(p: Problem, cfg: FwdConfig | None = None) -> tuple:
+    """The forward's launches: one in cfg, else fwd_classes(p)'s (one a key-length class). Kept by the problem's host
+    key, so that a model's layers (and do_bench's calls) choose them once: choosing them per call was ~6 us of the
+    host time that a short forward's do_bench span holds (docs/perf-notes.md)."""
+    key = (p.host_key(), cfg)
+    launches = _PLANS.get(key)
+    if launches is None:
+        classes = fwd_classes(p) if cfg is None else [(cfg, (0, UNBOUNDED))]
+        for c, _ in classes:
+            if p.paged and p.page_size % c.block_n:
+                raise ValueError(f"paged k/v: page_size {p.page_size} is not a multiple of the forward's key block "
+                                 f"{c.block_n}")
+        launches = tuple(_launch(p, c, kv_range) for c, kv_range in classes)
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        _PLANS[key] = launches
+    return launches
+
+
+def _launch(p: Problem, cfg: FwdConfig, kv_range: tuple) -> Launch:
+    ctas = num_sms(p.q.device) * cfg.ctas_per_sm
+    return Launch(cfg, ctas, query_tile_schedule(p, p.rows, cfg.block_m, ctas, kv_range), p.key_rows_bound(),
+                  dict(constexprs(cfg, p), num_warps=4, **cfg.launch_options()))
+
+
 def forward(p: Problem, cfg: FwdConfig | None = None):
-    """-> (out, lse) as jfa.triton.launch.forward; cfg: one launch in it, else fwd_classes(p)'s (one launch a
-    key-length class). Needs an sm_90 device, bf16/fp16, D in (64, 128)."""
-    classes = fwd_classes(p) if cfg is None else [(cfg, (0, UNBOUNDED))]
-    for c, _ in classes:
-        if p.paged and p.page_size % c.block_n:
-            raise ValueError(f"paged k/v: page_size {p.page_size} is not a multiple of the forward's key block "
-                             f"{c.block_n}")
+    """-> (out, lse) as jfa.triton.launch.forward, by plan(p, cfg). Needs an sm_90 device, bf16/fp16, D in (64,
+    128)."""
+    launches = plan(p, cfg)
     q, k, v = p.q, p.k, p.v
     out = torch.empty(p.rows, p.heads, p.head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.heads, p.lse_rows, dtype=torch.float32, device=q.device)
@@ -373,10 +410,8 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
     q, k, v = aligned(q, k, v)
-    for cfg, kv_range in classes:  # (each class writes its sequences' rows)
-        ctas = num_sms(q.device) * cfg.ctas_per_sm
-        spec = query_tile_schedule(p, p.rows, cfg.block_m, ctas, kv_range)
-        sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, p.key_rows_bound(), p.num_targets)
-        hopper_fwd_kernel[(ctas, )](*kernel_args(p, descriptors(q, k, v, cfg), out, lse, sched),
-                                    **constexprs(cfg, p), num_warps=4, **cfg.launch_options())
+    for launch in launches:  # (each length class writes its sequences' rows)
+        sched = CACHE.get(p.q_offsets, p.kv_offsets, launch.spec, launch.key_rows, p.num_targets)
+        hopper_fwd_kernel[(launch.ctas, )](*kernel_args(p, descriptors(q, k, v, launch.cfg), out, lse, sched),
+                                           **launch.options)
     return scaled_rows(out, p), lse  # (a per-row out scale: times the output afterwards)
