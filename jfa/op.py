@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .backends import BACKENDS
-from .problem import FIELDS, IS_TENSOR, TYPES, Problem, filled, from_flat
+from .problem import FIELDS, IS_TENSOR, TENSOR_FIELDS, TYPES, Problem, filled, from_flat
 
 
 def _with_signature(fn, leading: tuple, returns):
@@ -122,7 +122,6 @@ attention.register_autograd(_backward, setup_context=_setup_context)
 
 _GRAD_FIELDS = ("q", "k", "v", *_TABLES)  # the fields a gradient flows to: Attention's inputs after the problem
 _GRAD_INDEX = tuple(FIELDS.index(name) for name in _GRAD_FIELDS)
-_TENSOR_FIELDS = tuple(name for name, is_tensor in zip(FIELDS, IS_TENSOR) if is_tensor)
 
 
 class Attention(torch.autograd.Function):
@@ -134,7 +133,7 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, p, *grad_inputs):
         ctx.set_materialize_grads(False)
-        ctx.dispatch_free = _dispatch_free([getattr(p, name) for name in _TENSOR_FIELDS])
+        ctx.dispatch_free = _dispatch_free([getattr(p, name) for name in TENSOR_FIELDS])
         args = p.flat()
         out, lse = BACKENDS[p.backend].forward(p) if ctx.dispatch_free else attention(*args)
         _setup_context(ctx, args, (out, lse))

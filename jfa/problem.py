@@ -156,14 +156,14 @@ class Problem:
         What a backend decides on the host (kernel configs, schedule specs, compile-time arguments) is a function of
         it, and may be cached by it."""
         return (self.q.device, self.q_offsets is self.kv_offsets, *[getattr(self, name) for name in _SCALARS],
-                *[None if (t := getattr(self, name)) is None else (t.shape, t.dtype) for name in _TENSORS])
+                *[None if (t := getattr(self, name)) is None else (t.shape, t.dtype) for name in TENSOR_FIELDS])
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Problem))
 TYPES = typing.get_type_hints(Problem)  # real types (this module's annotations are strings): the op's schema
 DEFAULTS = tuple(f.default for f in dataclasses.fields(Problem) if f.default is not dataclasses.MISSING)
 IS_TENSOR = tuple(TYPES[name] in (Tensor, Optional[Tensor]) for name in FIELDS)
-_TENSORS = tuple(name for name, is_tensor in zip(FIELDS, IS_TENSOR) if is_tensor)
+TENSOR_FIELDS = tuple(name for name, is_tensor in zip(FIELDS, IS_TENSOR) if is_tensor)
 _SCALARS = tuple(name for name, is_tensor in zip(FIELDS, IS_TENSOR) if not is_tensor)
 
 
