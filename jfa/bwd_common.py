@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from .problem import Problem
+from .runtime import launch
 
 
 @triton.jit
@@ -42,10 +43,10 @@ def delta(out, dout, dlse, lse):
     dlse = None if dlse is None else dlse.contiguous()  # read with lse's strides
     if rows > 0:
         block_t = 64 if out.device.type == "cuda" else 16
-        attention_bwd_preprocess_kernel[((rows + block_t - 1) // block_t, hq)](
-            out, dout, dlse if dlse is not None else lse, result, rows,
-            out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), lse.stride(0),
-            D=head_dim, BLOCK_D=block_d(head_dim), BLOCK_T=block_t, HAS_DLSE=dlse is not None)
+        launch(attention_bwd_preprocess_kernel, ((rows + block_t - 1) // block_t, hq),
+               out, dout, dlse if dlse is not None else lse, result, rows,
+               out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), lse.stride(0),
+               D=head_dim, BLOCK_D=block_d(head_dim), BLOCK_T=block_t, HAS_DLSE=dlse is not None)
     return result
 
 
@@ -66,7 +67,7 @@ def zero_keyless_rows(x, q_offsets, kv_offsets):
     sync; the other rows untouched."""
     batch = q_offsets.shape[0] - 1
     if batch > 0 and x.numel() > 0:
-        zero_keyless_rows_kernel[(batch,)](x, q_offsets, kv_offsets, x[0].numel(), BLOCK=1024)
+        launch(zero_keyless_rows_kernel, (batch, ), x, q_offsets, kv_offsets, x[0].numel(), BLOCK=1024)
     return x
 
 

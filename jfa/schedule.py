@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .geometry import block_count, mask_group, mask_rule, sequence, sequence_bounds, tile_walk
 from .jagged import UNBOUNDED, tile_capacity
-from .runtime import check_runnable
+from .runtime import check_runnable, launch
 
 
 @dataclass(frozen=True)
@@ -356,15 +356,13 @@ def refresh(sched: Schedule, spec: ScheduleSpec, q_offsets, kv_offsets, other_ro
     check_runnable(q_offsets.device)
     cap = sched.tiles.shape[1]
     if batch > 0 and cap > 0:
-        refresh_kernel[(1, )](
-            (q_offsets, kv_offsets), sched.seen, sched.scratch, (sched.tiles, sched.tile_cost, sched.order,
-                                                                 sched.sm_start, sched.ticket),
-            (batch, cap, spec.heads, spec.ctas, _buckets(spec, other_rows), window_tiles(spec)),
-            mask_group(num_targets if spec.targets else None, spec.mask, spec.last_rows), spec.kv_range,
-            BLOCK_M=spec.block_m,
-            BLOCK_N=spec.block_n,
-            SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK, KEY_TILES=spec.key_tiles,
-            num_warps=REFRESH_BLOCK // 256)
+        launch(refresh_kernel, (1, ),
+               (q_offsets, kv_offsets), sched.seen, sched.scratch, (sched.tiles, sched.tile_cost, sched.order,
+                                                                    sched.sm_start, sched.ticket),
+               (batch, cap, spec.heads, spec.ctas, _buckets(spec, other_rows), window_tiles(spec)),
+               mask_group(num_targets if spec.targets else None, spec.mask, spec.last_rows), spec.kv_range,
+               BLOCK_M=spec.block_m, BLOCK_N=spec.block_n, SEARCH_STEPS=batch.bit_length() + 1, BLOCK=REFRESH_BLOCK,
+               KEY_TILES=spec.key_tiles, num_warps=REFRESH_BLOCK // 256)
     elif cap > 0:  # no sequences: every slot is spare
         sched.tiles.fill_(-1)
         sched.order.fill_(-1)

@@ -32,7 +32,7 @@ from .. import variants
 from ..geometry import full_query_blocks
 from ..jagged import UNBOUNDED
 from ..problem import Problem
-from ..runtime import num_sms
+from ..runtime import launch, num_sms
 from ..schedule import CACHE
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring, RowStats
@@ -270,5 +270,5 @@ def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_rang
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, dout.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
     dq_out = dq if cfg.dq == DqRoute.DIRECT else dk  # (dk stands in, unused)
-    hopper_dkdv_kernel[(sms, )](*kernel_args(p, descriptors(q, dout, k, v, cfg, dq), (dk, dv, dq_out), lse, delta,
-                                             sched), **constexprs(cfg, p), num_warps=4)
+    launch(hopper_dkdv_kernel, (sms, ), *kernel_args(p, descriptors(q, dout, k, v, cfg, dq), (dk, dv, dq_out), lse,
+                                                     delta, sched), **constexprs(cfg, p), num_warps=4)

@@ -23,7 +23,7 @@ from .. import variants
 from ..geometry import key_blocks, visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
-from ..runtime import num_sms
+from ..runtime import launch, num_sms
 from ..schedule import CACHE
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring
@@ -217,5 +217,5 @@ def dq_pass(p: Problem, dout, lse, delta, dq, cfg: DqConfig, skip_kv: int = 0, k
     spec = query_tile_schedule(p, dq.shape[0], cfg.block_m, sms, kv_range)
     sched = CACHE.get(p.q_offsets, p.kv_offsets, spec, k.shape[0], p.num_targets)
     q, dout, k, v = aligned(q, dout, k, v)
-    hopper_dq_kernel[(sms, )](*kernel_args(p, descriptors(q, dout, k, v, cfg), dq, lse, delta, sched),
-                              **constexprs(cfg, p, skip_kv), num_warps=4)
+    launch(hopper_dq_kernel, (sms, ), *kernel_args(p, descriptors(q, dout, k, v, cfg), dq, lse, delta, sched),
+           **constexprs(cfg, p, skip_kv), num_warps=4)

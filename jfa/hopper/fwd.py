@@ -32,7 +32,7 @@ from ..bwd_common import scaled_rows
 from ..geometry import block_count, key_blocks, key_range, visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
-from ..runtime import num_sms
+from ..runtime import launch, num_sms
 from ..schedule import CACHE, ScheduleSpec
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring
@@ -410,8 +410,8 @@ def forward(p: Problem, cfg: FwdConfig | None = None):
     if k.shape[0] == 0:  # no keys anywhere (a TMA descriptor needs rows): every query sees nothing
         return out.zero_(), lse.fill_(float("-inf"))
     q, k, v = aligned(q, k, v)
-    for launch in launches:  # (each length class writes its sequences' rows)
-        sched = CACHE.get(p.q_offsets, p.kv_offsets, launch.spec, launch.key_rows, p.num_targets)
-        hopper_fwd_kernel[(launch.ctas, )](*kernel_args(p, descriptors(q, k, v, launch.cfg), out, lse, sched),
-                                           **launch.options)
+    for one in launches:  # (each length class writes its sequences' rows)
+        sched = CACHE.get(p.q_offsets, p.kv_offsets, one.spec, one.key_rows, p.num_targets)
+        launch(hopper_fwd_kernel, (one.ctas, ), *kernel_args(p, descriptors(q, k, v, one.cfg), out, lse, sched),
+               **one.options)
     return scaled_rows(out, p), lse  # (a per-row out scale: times the output afterwards)

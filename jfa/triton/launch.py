@@ -14,7 +14,7 @@ from ..bias import grads as bias_grads
 from ..bwd_common import block_d, delta, scaled_rows, sum_broadcast_dq
 from ..jagged import tile_table
 from ..problem import Problem
-from ..runtime import check_runnable, interpreting
+from ..runtime import check_runnable, interpreting, launch
 from ..variants import score_args, score_fn
 from . import kernels
 
@@ -118,7 +118,8 @@ def forward(p: Problem, configs: Configs | None = None):
     check_runnable(q.device)
     cfg = (configs or select_config(q.device, p.head_dim, q.dtype)).fwd
     tiles = tile_table(p.q_offsets, cfg.block_m, p.rows)
-    kernels.attention_fwd_kernel[(tiles.shape[1], p.heads)](*fwd_args(p, out, lse, tiles), **constexprs(cfg, p))
+    launch(kernels.attention_fwd_kernel, (tiles.shape[1], p.heads), *fwd_args(p, out, lse, tiles),
+           **constexprs(cfg, p))
     return scaled_rows(out, p), lse
 
 
@@ -160,12 +161,12 @@ class _Grads:
 def _bwd_dkdv(p: Problem, g: _Grads, dk, dv, cfg: TileConfig):
     """The dK/dV pass into dk, dv (one program per key tile and kv head; GQA reduced in registers)."""
     tiles = tile_table(p.kv_offsets, cfg.block_n, p.k.shape[0])
-    kernels.attention_bwd_dkdv_kernel[(tiles.shape[1], p.heads_kv)](
-        *bwd_args(p, g.dout, g.lse, g.delta, (dk, dv), tiles), **constexprs(cfg, p))
+    launch(kernels.attention_bwd_dkdv_kernel, (tiles.shape[1], p.heads_kv),
+           *bwd_args(p, g.dout, g.lse, g.delta, (dk, dv), tiles), **constexprs(cfg, p))
 
 
 def _bwd_dq(p: Problem, g: _Grads, dq, cfg: TileConfig, tables=None):
     """The dQ pass into dq (per-sequence float32 partials in broadcast mode), and the bias tables' gradients."""
     tiles = tile_table(p.q_offsets, cfg.block_m, dq.shape[0])
-    kernels.attention_bwd_dq_kernel[(tiles.shape[1], p.heads)](
-        *bwd_args(p, g.dout, g.lse, g.delta, (dq, ), tiles, tables), **constexprs(cfg, p))
+    launch(kernels.attention_bwd_dq_kernel, (tiles.shape[1], p.heads),
+           *bwd_args(p, g.dout, g.lse, g.delta, (dq, ), tiles, tables), **constexprs(cfg, p))

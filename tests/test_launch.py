@@ -1,0 +1,93 @@
+"""jfa.runtime.launch: a kernel launched again with arguments of the same classes runs the kernel Triton compiled for
+the first launch, with every parameter in Triton's order; anything Triton would compile anew goes through Triton.
+On the CPU (Triton's specialization is plain Python and C++ here); every GPU test launches through it."""
+import torch
+from triton.backends.compiler import BaseBackend
+from triton.runtime.jit import JITFunction
+
+from jfa import runtime
+from jfa.hopper.common import tma_descriptor
+
+
+def _spec(a):
+    """Triton's binder's specialization of one argument (a specialized, aligned parameter)."""
+    return runtime.native_specialize_impl(BaseBackend, a, False, True, True)
+
+
+def test_a_descriptors_class_holds_what_triton_compiles_for():
+    """_classes keys a Gluon TMA descriptor by its block, dtype and layout in place of Triton's specialization: the
+    descriptors it calls the same must specialize the same (their tensors' shape, strides and address are run-time
+    arguments), and those that specialize differently must differ in it."""
+    x = torch.zeros(300, 4, 128, dtype=torch.bfloat16)
+    same = [tma_descriptor(x, 64), tma_descriptor(x[1:], 64), tma_descriptor(x[:7], 64),
+            tma_descriptor(torch.zeros(65, 2, 128, dtype=torch.bfloat16), 64),
+            tma_descriptor(x.transpose(0, 1).contiguous().transpose(0, 1), 64)]
+    other = [tma_descriptor(x, 128), tma_descriptor(x.half(), 64), tma_descriptor(x[..., :64].contiguous(), 64),
+             tma_descriptor(x, 64, 64)]
+    classes = lambda d: runtime._classes((d, ), BaseBackend)
+    assert len({classes(d) for d in same}) == 1 and len({_spec(d) for d in same}) == 1
+    for d in other:
+        assert classes(d) != classes(same[0]) and _spec(d) != _spec(same[0])
+
+
+def _plain(a, b, N, FLAG: "tl.constexpr", WIDTH: "tl.constexpr" = 8):  # noqa: F821 (a kernel's signature only)
+    pass
+
+
+class _Compiled:
+    """Triton's compiled kernel as launch uses it: compiled[grid](*every parameter)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append((grid, args))
+
+
+def test_launch_runs_the_compiled_kernel_for_arguments_of_the_same_classes(monkeypatch):
+    kernel = JITFunction(_plain)
+    slow = []
+    compiled = _Compiled()
+
+    def run(*args, grid, warmup, **options):  # Triton's path: binds, specializes, compiles or finds, launches
+        slow.append((grid, args, options))
+        return compiled
+    kernel.run = run
+    kernel.device_caches[0] = ({}, {}, None, BaseBackend, None)
+    monkeypatch.setattr(runtime, "_current_device", lambda: 0)
+    monkeypatch.setattr(runtime, "_KERNELS", {})
+    t = torch.zeros(64, dtype=torch.float32)
+    u = torch.zeros(64, dtype=torch.float32)
+
+    runtime.launch(kernel, (3, ), t, (t, 32), 48, FLAG=True, num_warps=4)
+    assert len(slow) == 1 and compiled.calls == []
+    # other tensors, other values of the same classes: the compiled kernel, every parameter in order
+    runtime.launch(kernel, (5, ), u, (u, 64), 16, FLAG=True, num_warps=4)
+    assert len(slow) == 1 and compiled.calls == [((5, 1, 1), (u, (u, 64), 16, True, 8))]
+    # what Triton specializes differently goes through Triton: an int of 1, one not a multiple of 16, a tensor
+    # not 16-byte aligned, another dtype, another constexpr or launch option
+    for args, options in (((t, (t, 32), 1), dict(FLAG=True, num_warps=4)),
+                          ((t, (t, 33), 48), dict(FLAG=True, num_warps=4)),
+                          ((t[1:], (t, 32), 48), dict(FLAG=True, num_warps=4)),
+                          ((t.double(), (t, 32), 48), dict(FLAG=True, num_warps=4)),
+                          ((t, (t, 32), 48), dict(FLAG=False, num_warps=4)),
+                          ((t, (t, 32), 48), dict(FLAG=True, WIDTH=16, num_warps=4)),
+                          ((t, (t, 32), 48), dict(FLAG=True, num_warps=8))):
+        before = len(slow)
+        runtime.launch(kernel, (3, ), *args, **options)
+        assert len(slow) == before + 1, (args, options)
+    assert len(compiled.calls) == 1
+    # and each of those is kept too
+    runtime.launch(kernel, (2, 2), t, (t, 32), 1, FLAG=True, num_warps=4)
+    assert len(compiled.calls) == 2 and compiled.calls[-1] == ((2, 2, 1), (t, (t, 32), 1, True, 8))
+
+
+def test_launch_leaves_other_kernels_to_their_own_launch():
+    """The interpreter's kernels (and a test's stubs) are launched as kernel[grid](...)."""
+    seen = []
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **options: seen.append((grid, args, options))
+    runtime.launch(Stub(), (2, ), 1, 2, X=3)
+    assert seen == [((2, ), (1, 2), {"X": 3})]
