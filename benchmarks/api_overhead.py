@@ -1,8 +1,10 @@
 """Host time per call of jfa's public functions: above the backend (--backend stub: a stub backend that does no
 work, returning preallocated outputs and gradients, so what is timed is validation, autograd and dispatch), or
-down through the hopper backend's host path with its kernels' launches stubbed out (--backend hopper: configs,
-schedules, descriptors, allocations, arguments; not Triton's launch itself, nor the GPU: benchmarks/host_time.py
-measures those on the device). Runs on the CPU (no GPU needed); A/B two commits by PYTHONPATH, alternating runs:
+down through the hopper backend's host path and Triton's own launch path (--backend hopper: configs, schedules,
+descriptors, allocations, arguments, and each launch's binding, specialization and cache key or jfa.runtime.launch's
+compiled-kernel path; only Triton's compiles and its C launcher are faked, so neither the driver's launch nor the GPU
+is in these numbers: benchmarks/host_time.py measures those on the device). Runs on the CPU (no GPU needed; Triton
+in compiled mode, whatever TRITON_INTERPRET says); A/B two commits by PYTHONPATH, alternating runs:
 
     python benchmarks/api_overhead.py [--calls 500] [--rounds 5] [--backend stub|hopper] [--device cpu]
     PYTHONPATH=/path/to/other/jfa python benchmarks/api_overhead.py      (the same, for another copy of jfa)
@@ -13,18 +15,25 @@ Cases: broadcast q (32 x 8 heads x D=64, as pma-32-d64) and cross-attention (32 
 time from the call to its kernel's launch ("to launch": a short forward's do_bench span holds it wherever the
 host is slower than the GPU, docs/perf-notes.md). Prints the median and minimum over rounds of microseconds per
 call. With the hopper backend, out and lse are the CPU's allocations (a few microseconds more than the CUDA
-caching allocator's at these sizes).
+caching allocator's at these sizes), and it first checks, per case, that a repeated call launches every kernel
+with the arguments Triton's own path gives its launcher (jfa.runtime.launch's kept kernels).
 """
 import argparse
+import ctypes
+import os
 import time
 
-import torch
+os.environ["TRITON_INTERPRET"] = "0"  # (before triton's import: its kernels as on the GPU, their launch faked)
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler.compiler import CompiledKernel  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
-import jfa
-import jfa.checks
-from jfa import bwd_common, schedule
-from jfa.backends import BACKENDS, Backend
-from jfa.hopper import bwd, bwd_dq, fwd
+import jfa  # noqa: E402
+import jfa.checks  # noqa: E402
+from jfa import runtime, schedule  # noqa: E402
+from jfa.backends import BACKENDS, Backend  # noqa: E402
 
 BATCH = 16  # the stub's cost does not depend on the sizes
 
@@ -51,30 +60,89 @@ def _stub_backend():
     return Backend("stub", forward, backward, lambda device, head_dim, dtype: True)
 
 
-class _Launch:
-    """A kernel whose launches do nothing but note when (kernel[grid](...))."""
+class _Driver:
+    """Triton's active driver as its launch path asks it: device 0 of an sm_90 target, stream 0."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+class _Launches:
+    """What the faked launches saw: when each kernel was last launched, and each launch's grid and arguments."""
 
     def __init__(self):
-        self.at = 0.0
+        self.at = {}
+        self.seen = None  # a list while check_kept_launches notes the launches
 
-    def __getitem__(self, grid):
-        return self._launch
+    def compile(self, fn, key, signature, device, constexprs, options, attrs, warmup):
+        """JITFunction._do_compile's stand-in: a compiled kernel whose launcher only notes its launch, kept where
+        Triton keeps what it compiles."""
+        kernel = CompiledKernel.__new__(CompiledKernel)
+        kernel.module, kernel.function, kernel.packed_metadata, kernel.src = object(), 0, None, None
+        kernel.name = fn.__name__
 
-    def _launch(self, *args, **kwargs):
-        self.at = time.perf_counter()
+        def run(*args):  # (grid x, y, z, stream, function, metadata, launch metadata, hooks, then the arguments)
+            self.at[kernel.name] = time.perf_counter()
+            if self.seen is not None:
+                self.seen.append((kernel.name, args[:3], args[9:]))
+        kernel._run = run
+        fn.device_caches[device][0][key] = kernel
+        return kernel
 
 
-def _stub_launches():
-    """The hopper backend taking CPU tensors with every kernel it launches stubbed (for this process: nothing here
-    computes attention afterwards). Returns the forward kernel's stub."""
+def _fake_launches() -> _Launches:
+    """The hopper backend taking CPU tensors, its kernels (Triton's and Gluon's) launched down Triton's path and
+    jfa.runtime.launch's with their compiles and launcher faked (for this process)."""
     BACKENDS["hopper"] = Backend("hopper", BACKENDS["hopper"].forward, BACKENDS["hopper"].backward,
                                  lambda device, head_dim, dtype: True)
     schedule.check_runnable = lambda device: None
-    for module, name in ((fwd, "hopper_fwd_kernel"), (schedule, "refresh_kernel"), (bwd, "hopper_dkdv_kernel"),
-                         (bwd_dq, "hopper_dq_kernel"), (bwd_common, "attention_bwd_preprocess_kernel"),
-                         (bwd_common, "zero_keyless_rows_kernel")):
-        setattr(module, name, _Launch())
-    return fwd.hopper_fwd_kernel
+    runtime._current_device = lambda: 0
+    triton.runtime.driver.set_active(_Driver())
+    launches = _Launches()
+    JITFunction._do_compile = lambda fn, *args: launches.compile(fn, *args)
+    return launches
+
+
+def _summary(x):
+    """An argument as its launcher takes it: a tensor's dtype, shape and alignment, a descriptor's too, else x."""
+    if isinstance(x, tuple):
+        return tuple(_summary(y) for y in x)
+    if isinstance(x, torch.Tensor):
+        return x.dtype, tuple(x.shape), x.data_ptr() % 16
+    if hasattr(x, "block_shape"):
+        return _summary(x.base), tuple(x.shape), tuple(x.strides), tuple(x.block_shape), x.layout
+    return x
+
+
+def check_kept_launches(fn, launches: _Launches) -> int:
+    """fn's launches, first down Triton's path (nothing kept), then again (every kernel kept by jfa.runtime.launch):
+    the same kernels, grids and arguments. Returns the launch count."""
+    runtime._KERNELS.clear()
+    launches.seen = []
+    fn()
+    fresh = [(name, grid, _summary(args)) for name, grid, args in launches.seen]
+    launches.seen = []
+    calls = []
+    run = JITFunction.run
+    JITFunction.run = lambda self, *a, **k: calls.append(self) or run(self, *a, **k)
+    try:
+        fn()
+    finally:
+        JITFunction.run = run
+    kept = [(name, grid, _summary(args)) for name, grid, args in launches.seen]
+    launches.seen = None
+    assert not calls, f"launched down Triton's path again: {[k.__name__ for k in calls]}"
+    assert kept == fresh, [(a, b) for a, b in zip(fresh, kept) if a != b][:1]
+    return len(kept)
 
 
 def _cases(device, backend):
@@ -99,6 +167,17 @@ def _cases(device, backend):
     return cases
 
 
+def _steady_allocations():
+    """glibc: the CPU tensors' allocations (up to 32 MB) from the heap and kept there when freed, not a fresh mmap
+    each (their page faults moved this machine's backward numbers by 10-40% from run to run)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (glibc's largest)
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=500)
@@ -106,11 +185,16 @@ def main():
     parser.add_argument("--backend", default="stub", choices=("stub", "hopper"))
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    _steady_allocations()
     BACKENDS["stub"] = _stub_backend()
-    launched = _stub_launches() if args.backend == "hopper" else None
+    launches = _fake_launches() if args.backend == "hopper" else None
     # as GPU offsets with both max lengths given: not read on the host (CPU offsets would be value-checked)
     jfa.checks.offsets_values_checked = lambda offsets, hints_given: False
-    for name, fn in _cases(torch.device(args.device), args.backend).items():
+    cases = _cases(torch.device(args.device), args.backend)
+    if launches is not None and hasattr(runtime, "launch"):  # (a jfa from before jfa.runtime.launch has none kept)
+        counts = [check_kept_launches(fn, launches) for fn in cases.values()]
+        print(f"kept launches: {sum(counts)} launches in {len(counts)} cases as Triton's path gives them")
+    for name, fn in cases.items():
         per_round, to_launch = [], []
         for _ in range(args.rounds):
             for _ in range(args.calls // 10):
@@ -119,12 +203,12 @@ def main():
             for _ in range(args.calls):
                 fn()
             per_round.append((time.perf_counter() - t0) / args.calls * 1e6)
-            if launched is not None and name.endswith("forward"):
+            if launches is not None and name.endswith("forward"):
                 total = 0.0
                 for _ in range(args.calls):
                     t0 = time.perf_counter()
                     fn()
-                    total += launched.at - t0
+                    total += launches.at["hopper_fwd_kernel"] - t0
                 to_launch.append(total / args.calls * 1e6)
         per_round.sort()
         line = f"{name:28s} median {per_round[len(per_round) // 2]:7.1f} us  min {per_round[0]:7.1f} us"

@@ -10,7 +10,8 @@ calls issued without a sync, "wall" = the same until the GPU is done (issue ~ wa
 A loop whose GPU time exceeds its host time fills the launch queue, and then issue time includes the wait: --batch
 N runs each workload with N sequences of the same length distribution (the same kernel configurations), so the GPU
 keeps up and issue time is the host's. The forward kernel's launch is also split into Triton's parts (its
-JITFunction.run, the argument binder that specializes and keys the kernel, and the compiled kernel's launcher).
+JITFunction.run, the argument binder that specializes and keys the kernel, and the compiled kernel's launcher),
+beside jfa's own launch of it (jfa.runtime.launch, the compiled kernel kept).
 --profile adds cProfile's top functions of the public call and of forward + backward.
 """
 import argparse
@@ -23,7 +24,7 @@ import time
 import torch
 from triton import knobs
 
-from jfa import hopper
+from jfa import hopper, runtime
 from jfa.bench import providers, suite
 from jfa.hopper import fwd
 from jfa.hopper.config import fwd_config, query_tile_schedule
@@ -47,7 +48,8 @@ def per_call_us(fn, calls):
 
 def launch_parts(kernel, call):
     """name -> fn: the kernel's next launch inside call() replayed whole (JITFunction.run), its binder alone and its
-    compiled kernel's launcher alone (Triton 3.6's JITFunction.run, step by step)."""
+    compiled kernel's launcher alone (Triton 3.6's JITFunction.run, step by step), and as jfa launches it again
+    (jfa.runtime.launch: the kernel kept from the first launch)."""
     seen = {}
 
     def spy(*args, grid, warmup, **kwargs):
@@ -55,6 +57,7 @@ def launch_parts(kernel, call):
         return type(kernel).run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
 
     kernel.run = spy  # an instance attribute shadows the method for this one call
+    runtime._KERNELS.clear()  # (so that the call goes down Triton's path)
     try:
         call()
     finally:
@@ -71,6 +74,7 @@ def launch_parts(kernel, call):
         "fwd kernel: binder": lambda: binder(*args, **bind_kwargs),
         "fwd kernel: launcher": lambda: compiled.run(grid[0], 1, 1, stream, compiled.function,
                                                      compiled.packed_metadata, None, None, None, *bound),
+        "fwd kernel: jfa.runtime.launch": lambda: runtime.launch(kernel, grid, *args, **kwargs),
     }
 
 

@@ -125,15 +125,20 @@ def test_triton_cache_travels_whole_or_not_at_all(tmp_path, monkeypatch):
 
 def test_api_overhead_runs_over_todays_backend_interface():
     """benchmarks/api_overhead.py (the public functions' host time on the CPU, over a stub backend or down the
-    hopper backend's host path with its launches stubbed): its stubs follow jfa.backends' interface and every
-    launch the hopper backend makes, so each case runs and prints its time (a stub of an older interface failed
-    every call); the hopper forward's launch falls inside each call."""
+    hopper backend's host path and Triton's launch path with its compiles and launcher faked): its stubs follow
+    jfa.backends' interface and Triton's, so each case runs and prints its time (a stub of an older interface failed
+    every call); the hopper forward's launch falls inside each call; and a repeated call launches every kernel
+    through jfa.runtime.launch's kept kernels with the arguments Triton's own path gives them (the script asserts
+    it, case by case)."""
     script = Path(__file__).parents[1] / "benchmarks" / "api_overhead.py"
     for backend, cases in (("stub", ["broadcast", "cross"]), ("hopper", ["broadcast", "cross", "gelu cross"])):
         res = subprocess.run([sys.executable, str(script), "--calls", "20", "--rounds", "1", "--backend", backend],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-2000:]
         lines = res.stdout.strip().splitlines()
+        if backend == "hopper":
+            kept = lines.pop(0)
+            assert kept.startswith("kept launches:") and int(kept.split()[2]) >= 2 * len(cases) * 2, kept
         assert [line.split(" median")[0].strip() for line in lines] == [
             f"{case} {part}" for case in cases for part in ("forward", "forward+backward")]
         assert all(float(line.split("median")[1].split("us")[0]) > 0 for line in lines)
