@@ -1,12 +1,16 @@
-"""jfa.runtime.launch: a kernel launched again with arguments of the same classes runs the kernel Triton compiled for
-the first launch, with every parameter in Triton's order; anything Triton would compile anew goes through Triton.
-On the CPU (Triton's specialization is plain Python and C++ here); every GPU test launches through it."""
+"""What the host path keeps from one call to the next, and that it keeps it right: the forward's launches by the
+problem's host key (jfa.hopper.fwd.plan), and Triton's compiled kernels by their arguments' classes
+(jfa.runtime.launch: a kernel launched again with arguments of the same classes runs the kernel Triton compiled for
+the first launch, with every parameter in Triton's order; anything Triton would compile anew goes through Triton).
+On the CPU (Triton's specialization is plain Python and C++ here); every GPU test launches through both."""
+import pytest
 import torch
 from triton.backends.compiler import BaseBackend
 from triton.runtime.jit import JITFunction
 
 from jfa import runtime
 from jfa.hopper.common import tma_descriptor
+from jfa.testing import offsets_of
 
 
 def _spec(a):
@@ -91,3 +95,38 @@ def test_launch_leaves_other_kernels_to_their_own_launch():
             return lambda *args, **options: seen.append((grid, args, options))
     runtime.launch(Stub(), (2, ), 1, 2, X=3)
     assert seen == [((2, ), (1, 2), {"X": 3})]
+
+
+def test_forward_plan_is_kept_by_the_host_key():
+    """jfa.hopper.fwd.plan: the launches kept for a problem's host key (jfa.problem.Problem.host_key) are the ones
+    chosen afresh for every problem of a sequence that changes one field at a time (a scalar, a tensor's shape, an
+    optional tensor given), problems that differ only in their tensors' values share them, and a page size the
+    forward cannot read is refused on every call."""
+    from jfa.api import problem
+    from jfa.hopper import fwd
+    from jfa.hopper.config import fwd_classes
+
+    def fresh(p):
+        return tuple(fwd._launch(p, c, r) for c, r in fwd_classes(p))
+
+    lens = [40] * 63 + [4096]
+    q = torch.zeros(sum(lens), 4, 128, dtype=torch.bfloat16)
+    off = offsets_of(lens)
+    base = dict(causal=True, max_q_len=4096, max_kv_len=4096, backend="reference")
+    variants = [dict(), dict(max_kv_len=None, max_q_len=None), dict(activation="silu", out_scale=0.5),
+                dict(causal=False), dict(window=(64, 0)), dict(num_targets=torch.ones(64, dtype=torch.int32)),
+                dict(num_targets=torch.ones(64, dtype=torch.int32), contextual_len=3), dict(scale=0.3)]
+    for kw in variants + variants[::-1]:
+        p = problem(q, q, q, off, **{**base, **kw})
+        assert fwd.plan(p) == fresh(p), kw
+    for args in ((q, q[:, :2], q[:, :2], off), (q, q[:2560], q[:2560], off, offsets_of([40] * 64)),
+                 (q[:4096], q[:4096], q[:4096], offsets_of([4096]))):  # GQA, cross-attention, one sequence
+        p = problem(*args, **base)
+        assert fwd.plan(p) == fresh(p)
+    first = problem(q, q, q, off, **base)
+    again = problem(torch.ones_like(q), torch.ones_like(q), torch.ones_like(q), off.clone(), **base)
+    assert fwd.plan(first) is fwd.plan(again)
+    pages = torch.zeros(64, 64, dtype=torch.int32)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="page_size"):
+            fwd.plan(problem(q[:64], q, q, offsets_of([1] * 64), off, page_table=pages, page_size=64, **base))
