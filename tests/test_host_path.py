@@ -130,3 +130,25 @@ def test_forward_plan_is_kept_by_the_host_key():
     for _ in range(2):
         with pytest.raises(ValueError, match="page_size"):
             fwd.plan(problem(q[:64], q, q, offsets_of([1] * 64), off, page_table=pages, page_size=64, **base))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["causal", "cross", "broadcast"])
+def test_gpu_kept_launches_compute_what_tritons_do(mode, monkeypatch):
+    """On the GPU: a public call's forward and backward with nothing kept (every kernel down Triton's path), then
+    another case of the same shapes and other values, which runs every kernel as kept by jfa.runtime.launch (none
+    down Triton's path): both against the float64 reference."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from jfa.testing import GPU_MODES, compare, make_case, run_backend
+    kw = dict(GPU_MODES[mode], hq=4, hkv=2, d=128, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setattr(runtime, "_KERNELS", {})
+    cases = [make_case(**kw, seed=seed) for seed in (1, 2)]
+    assert not compare(cases[0], *run_backend(cases[0], "hopper"))
+    kept = dict(runtime._KERNELS)
+    assert kept
+    down_tritons_path = []
+    run = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: down_tritons_path.append(self) or run(self, *a, **k))
+    assert not compare(cases[1], *run_backend(cases[1], "hopper"))
+    assert not down_tritons_path and runtime._KERNELS == kept
