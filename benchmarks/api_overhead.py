@@ -20,20 +20,23 @@ with the arguments Triton's own path gives its launcher (jfa.runtime.launch's ke
 """
 import argparse
 import ctypes
+import importlib.util
 import os
 import time
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # (before triton's import: its kernels as on the GPU, their launch faked)
 import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler.compiler import CompiledKernel  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
 
 import jfa  # noqa: E402
 import jfa.checks  # noqa: E402
-from jfa import runtime, schedule  # noqa: E402
+from jfa import runtime  # noqa: E402
 from jfa.backends import BACKENDS, Backend  # noqa: E402
+
+# the CPU host harness from this checkout's jfa/bench/host.py, whichever jfa is imported (an A/B by PYTHONPATH)
+_spec = importlib.util.spec_from_file_location("_host", Path(__file__).resolve().parents[1] / "jfa/bench/host.py")
+host = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(host)
 
 BATCH = 16  # the stub's cost does not depend on the sizes
 
@@ -58,91 +61,6 @@ def _stub_backend():
         return grads[key]
 
     return Backend("stub", forward, backward, lambda device, head_dim, dtype: True)
-
-
-class _Driver:
-    """Triton's active driver as its launch path asks it: device 0 of an sm_90 target, stream 0."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
-class _Launches:
-    """What the faked launches saw: when each kernel was last launched, and each launch's grid and arguments."""
-
-    def __init__(self):
-        self.at = {}
-        self.seen = None  # a list while check_kept_launches notes the launches
-
-    def compile(self, fn, key, signature, device, constexprs, options, attrs, warmup):
-        """JITFunction._do_compile's stand-in: a compiled kernel whose launcher only notes its launch, kept where
-        Triton keeps what it compiles."""
-        kernel = CompiledKernel.__new__(CompiledKernel)
-        kernel.module, kernel.function, kernel.packed_metadata, kernel.src = object(), 0, None, None
-        kernel.name = fn.__name__
-
-        def run(*args):  # (grid x, y, z, stream, function, metadata, launch metadata, hooks, then the arguments)
-            self.at[kernel.name] = time.perf_counter()
-            if self.seen is not None:
-                self.seen.append((kernel.name, args[:3], args[9:]))
-        kernel._run = run
-        fn.device_caches[device][0][key] = kernel
-        return kernel
-
-
-def _fake_launches() -> _Launches:
-    """The hopper backend taking CPU tensors, its kernels (Triton's and Gluon's) launched down Triton's path and
-    jfa.runtime.launch's with their compiles and launcher faked (for this process)."""
-    BACKENDS["hopper"] = Backend("hopper", BACKENDS["hopper"].forward, BACKENDS["hopper"].backward,
-                                 lambda device, head_dim, dtype: True)
-    schedule.check_runnable = lambda device: None
-    runtime._current_device = lambda: 0
-    triton.runtime.driver.set_active(_Driver())
-    launches = _Launches()
-    JITFunction._do_compile = lambda fn, *args: launches.compile(fn, *args)
-    return launches
-
-
-def _summary(x):
-    """An argument as its launcher takes it: a tensor's dtype, shape and alignment, a descriptor's too, else x."""
-    if isinstance(x, tuple):
-        return tuple(_summary(y) for y in x)
-    if isinstance(x, torch.Tensor):
-        return x.dtype, tuple(x.shape), x.data_ptr() % 16
-    if hasattr(x, "block_shape"):
-        return _summary(x.base), tuple(x.shape), tuple(x.strides), tuple(x.block_shape), x.layout
-    return x
-
-
-def check_kept_launches(fn, launches: _Launches) -> int:
-    """fn's launches, first down Triton's path (nothing kept), then again (every kernel kept by jfa.runtime.launch):
-    the same kernels, grids and arguments. Returns the launch count."""
-    runtime._KERNELS.clear()
-    launches.seen = []
-    fn()
-    fresh = [(name, grid, _summary(args)) for name, grid, args in launches.seen]
-    launches.seen = []
-    calls = []
-    run = JITFunction.run
-    JITFunction.run = lambda self, *a, **k: calls.append(self) or run(self, *a, **k)
-    try:
-        fn()
-    finally:
-        JITFunction.run = run
-    kept = [(name, grid, _summary(args)) for name, grid, args in launches.seen]
-    launches.seen = None
-    assert not calls, f"launched down Triton's path again: {[k.__name__ for k in calls]}"
-    assert kept == fresh, [(a, b) for a, b in zip(fresh, kept) if a != b][:1]
-    return len(kept)
 
 
 def _cases(device, backend):
@@ -187,12 +105,12 @@ def main():
     args = parser.parse_args()
     _steady_allocations()
     BACKENDS["stub"] = _stub_backend()
-    launches = _fake_launches() if args.backend == "hopper" else None
+    launches = host.fake_launches() if args.backend == "hopper" else None
     # as GPU offsets with both max lengths given: not read on the host (CPU offsets would be value-checked)
     jfa.checks.offsets_values_checked = lambda offsets, hints_given: False
     cases = _cases(torch.device(args.device), args.backend)
     if launches is not None and hasattr(runtime, "launch"):  # (a jfa from before jfa.runtime.launch has none kept)
-        counts = [check_kept_launches(fn, launches) for fn in cases.values()]
+        counts = [host.check_kept_launches(fn, launches) for fn in cases.values()]
         print(f"kept launches: {sum(counts)} launches in {len(counts)} cases as Triton's path gives them")
     for name, fn in cases.items():
         per_round, to_launch = [], []

@@ -3,6 +3,10 @@ problem's host key (jfa.hopper.fwd.plan), and Triton's compiled kernels by their
 (jfa.runtime.launch: a kernel launched again with arguments of the same classes runs the kernel Triton compiled for
 the first launch, with every parameter in Triton's order; anything Triton would compile anew goes through Triton).
 On the CPU (Triton's specialization is plain Python and C++ here); every GPU test launches through both."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from triton.backends.compiler import BaseBackend
@@ -32,6 +36,18 @@ def test_a_descriptors_class_holds_what_triton_compiles_for():
     assert len({classes(d) for d in same}) == 1 and len({_spec(d) for d in same}) == 1
     for d in other:
         assert classes(d) != classes(same[0]) and _spec(d) != _spec(same[0])
+
+
+def test_kept_launches_get_what_tritons_path_gives_in_every_mode():
+    """jfa.bench.host.check_modes in a process with Triton in compiled mode (its compiles and launcher faked): every
+    mode and variant of the GPU tests and the backward's other routes, D 64 and 128, forward and backward, launch
+    every kernel a second time through jfa.runtime.launch's kept kernels with the arguments (kernels, grids, every
+    argument's dtype, shape, alignment or value) that Triton's own path gave its launcher the first time."""
+    res = subprocess.run([sys.executable, "-m", "jfa.bench.host"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    words = res.stdout.split()
+    assert words[:2] == ["kept", "launches:"] and int(words[2]) >= 200 and int(words[5]) >= 40, res.stdout
 
 
 def _plain(a, b, N, FLAG: "tl.constexpr", WIDTH: "tl.constexpr" = 8):  # noqa: F821 (a kernel's signature only)
