@@ -148,10 +148,10 @@ class RowStats:
         gl.thread_barrier()
 
     @gluon.jit
-    def read(self, it, layout: gl.constexpr):
-        """Consumer (after the ring's wait): block `it`'s (log2 e * LSE, Delta) in `layout`."""
-        slot = it % self.STAGES
-        return self.buf.index(2 * slot).load(layout), self.buf.index(2 * slot + 1).load(layout)
+    def read(self, it, layout: gl.constexpr, which: gl.constexpr):
+        """Consumer (after the ring's wait): block `it`'s log2 e * LSE (which 0) or Delta (1) in `layout` (each read
+        where it is used: held together they are 32 registers a thread at D=128)."""
+        return self.buf.index(2 * (it % self.STAGES) + which).load(layout)
 
 
 RECORD = gl.constexpr(16)  # int32 fields of a posted item's record (ItemOperands.post fills ten)
