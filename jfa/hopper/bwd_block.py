@@ -186,8 +186,8 @@ class OnePass:
 
 @gluon.jit
 def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexpr, DIRECT: gl.constexpr, idle=False):
-    """dkdv_block's MMAs one after another with P^T, then dS^T, in shared memory (the A operands of dV's and
-    dK's MMAs), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end (they would reach
+    """dkdv_block's MMAs one after another with dS^T in shared memory (dK's A operand, and dQ's for both
+    consumers), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end (they would reach
     dQ). idle (DqRoute.DIRECT): this warpgroup holds no key of the item's sequence (at most 64 keys: consumer 1):
     no score, no dV MMA, its dS^T zeros, so only the block's dQ share and its dK MMA (on zeros: the MMA behind a
     branch of its own failed triton 3.6's lowering) remain."""
@@ -212,8 +212,8 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
 
 @gluon.jit
 def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.constexpr):
-    """one_pass_block's score step: S^T, P^T into the block's dS^T buffer (claimed here), dV += P^T dO, dP^T, then
-    dS^T into the buffer (not yet fenced or published) -> dV."""
+    """one_pass_block's score step: S^T, dV += P^T dO (P^T from registers), dP^T, then dS^T into the block's buffer
+    (claimed here; not yet fenced or published) -> dV."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     SCORE: gl.constexpr = c.shape.SCORE
     WG: gl.constexpr = c.WG
@@ -236,17 +236,19 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
         offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
         vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq, c.batch.rule, KEY_MAJOR=True)
         pt, gt = variants.mask_grads(pt, gt, vis, SCORE)
-    ds_buf = stage.ds_buffer(it, WG)
-    stage.claim_ds(it)
-    ds_buf.store(pt.to(dtype))
-    fence_async_shared()
-    dv = warpgroup_mma(ds_buf, do_buf, dv, is_async=True)
+    # P^T as dV's register A operand (FA3's Mma_dKV_is_RS): no trip through shared memory, so no store, fence and
+    # warpgroup barrier before dV's MMA, and no barrier before dS^T takes the buffer
+    acc_layout: gl.constexpr = mma_layout(c.kv_ops.a.shape[2])
+    pt_op = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
+    dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
     dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
+    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
     if variants.has_lse(SCORE):  # Delta read where it is used: read beside LSE it lived through the exp phase and
         # both MMAs (16 registers a thread), and the D=128 one pass spilled 932 B with 4 reloads a block (now 428, none
         # in its block loops)
         delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
+    ds_buf = stage.ds_buffer(it, WG)
+    stage.claim_ds(it)
     ds_buf.store(variants.dscores(pt, done[1], gt, delta, SCORE).to(dtype))
     return done[0]
 
