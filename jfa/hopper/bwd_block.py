@@ -186,8 +186,8 @@ class OnePass:
 
 @gluon.jit
 def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexpr, DIRECT: gl.constexpr, idle=False):
-    """dkdv_block's MMAs one after another with dS^T in shared memory (dK's A operand, and dQ's for both
-    consumers), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end (they would reach
+    """dkdv_block's MMAs, P^T and dS^T as dV's and dK's register operands, dS^T also in shared memory (dQ's A
+    operand, for both consumers), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end (they would reach
     dQ). idle (DqRoute.DIRECT): this warpgroup holds no key of the item's sequence (at most 64 keys: consumer 1):
     no score, no dV MMA, its dS^T zeros, so only the block's dQ share and its dK MMA (on zeros: the MMA behind a
     branch of its own failed triton 3.6's lowering) remain."""
@@ -197,15 +197,21 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     it = blk.it
     q_buf, do_buf = c.qdo.wait(it)
     if idle:
+        dst = gl.full([WG_ROWS, BLOCK_M], 0.0, c.kv_ops.a.dtype, layout=mma_layout(BLOCK_M))
         stage.claim_ds(it)
-        stage.ds_buffer(it, WG).store(gl.full([WG_ROWS, BLOCK_M], 0.0, c.kv_ops.a.dtype, layout=mma_layout(BLOCK_M)))
+        stage.ds_buffer(it, WG).store(dst)
     else:
-        dv = _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED)
+        dv, dst = _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED)
+    # dK += dS^T Q with dS^T from registers (FA3's Mma_dKV_is_RS), issued before dS^T's fence and hand-over, which
+    # it then overlaps (idle: on zeros, as an MMA behind a branch of its own failed triton 3.6's lowering)
+    acc_layout: gl.constexpr = mma_layout(c.kv_ops.a.shape[2])
+    dst_op = gl.convert_layout(dst, gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
+    dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
     ds_buf = stage.ds_buffer(it, WG)
     fence_async_shared()
     stage.publish_ds(it)
-    dk = _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT)
-    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
+    _block_dq(c, stage, blk, tile, want_dq, DIRECT)
+    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dst_op))[0]
     c.qdo.release(it)
     return dk, dv
 
@@ -213,7 +219,7 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
 @gluon.jit
 def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.constexpr):
     """one_pass_block's score step: S^T, dV += P^T dO (P^T from registers), dP^T, then dS^T into the block's buffer
-    (claimed here; not yet fenced or published) -> dV."""
+    (claimed here; not yet fenced or published) -> (dV, dS^T)."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     SCORE: gl.constexpr = c.shape.SCORE
     WG: gl.constexpr = c.WG
@@ -247,10 +253,10 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
         # both MMAs (16 registers a thread), and the D=128 one pass spilled 932 B with 4 reloads a block (now 428, none
         # in its block loops)
         delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
-    ds_buf = stage.ds_buffer(it, WG)
+    dst = variants.dscores(pt, done[1], gt, delta, SCORE).to(dtype)
     stage.claim_ds(it)
-    ds_buf.store(variants.dscores(pt, done[1], gt, delta, SCORE).to(dtype))
-    return done[0]
+    stage.ds_buffer(it, WG).store(dst)
+    return done[0], dst
 
 
 @gluon.jit
@@ -266,18 +272,16 @@ def deferred_dq(c, stage, it, t):
 
 
 @gluon.jit
-def _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT: gl.constexpr):
-    """The block's dK MMA (issued, not waited for) and its dQ = dS K: both consumers' dS^T (each over its 64 keys)
-    feed each DQ_COLS-column chunk, computed by its owner (jfa.hopper.dq_reduce) and handed to the writer warp, or
-    with DIRECT, where the item holds every key of its sequence (want_dq), complete, stored by its owner (else the
-    block computes no dQ: the dQ pass does)."""
+def _block_dq(c, stage, blk, tile, want_dq, DIRECT: gl.constexpr):
+    """The block's dQ = dS K: both consumers' dS^T (each over its 64 keys) feed each DQ_COLS-column chunk, computed by
+    its owner (jfa.hopper.dq_reduce) and handed to the writer warp, or with DIRECT, where the item holds every key of
+    its sequence (want_dq), complete, stored by its owner (else the block computes no dQ: the dQ pass does)."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     WG: gl.constexpr = c.WG
     dtype: gl.constexpr = c.kv_ops.a.dtype
     grads = c.grads
     it = blk.it
-    if DIRECT:  # dK first; dQ (if this item has it) after, stored in place: chunk WG, or every other block at D=64
-        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+    if DIRECT:  # dQ (if this item has it) stored in place: chunk WG, or every other block at D=64
         if want_dq & ((stage.CHUNKS == 2) | (it % 2 == WG)):
             C: gl.constexpr = WG if stage.CHUNKS == 2 else 0
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, C, c.kv_ops, stage, BLOCK_M), ))
@@ -287,13 +291,10 @@ def _block_dq(c, stage, blk, dk, ds_buf, q_buf, tile, want_dq, DIRECT: gl.conste
                        blk.m0, tile.q_start, tile.q_len)
         stage.free_ds(it)
     elif stage.CHUNKS == 2:  # consumer WG computes chunk WG of every block, one block late (deferred_dq)
-        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         if it > blk.it0:
             deferred_dq(c, stage, it - 1, blk.t)
     else:  # one chunk: the consumers take the blocks in turn
-        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
         if it % 2 == WG:
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, 0, c.kv_ops, stage, BLOCK_M), ))
             stage.put(WG, it // 2, dq * grads.score[2], BLOCK_M < WG_ROWS)
         stage.free_ds(it)
-    return dk
