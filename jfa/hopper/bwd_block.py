@@ -188,9 +188,9 @@ class OnePass:
 def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexpr, DIRECT: gl.constexpr, idle=False):
     """dkdv_block's MMAs, P^T and dS^T as dV's and dK's register operands, dS^T also in shared memory (dQ's A
     operand, for both consumers), and the block's dQ (_block_dq). MASKED also zeroes keys past the sequence's end
-    (they would reach dQ). idle (DqRoute.DIRECT): this warpgroup holds no key of the item's sequence (at most 64 keys: consumer 1):
-    no score, no dV MMA, its dS^T zeros, so only the block's dQ share and its dK MMA (on zeros: the MMA behind a
-    branch of its own failed triton 3.6's lowering) remain."""
+    (they would reach dQ). idle (DqRoute.DIRECT): this warpgroup holds no key of the item's sequence (at most 64
+    keys: consumer 1): no score, no dV MMA, its dS^T zeros, so only the block's dQ share and its dK MMA (on zeros:
+    the MMA behind a branch of its own failed triton 3.6's lowering) remain."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     WG: gl.constexpr = c.WG
     stage = d.stage
