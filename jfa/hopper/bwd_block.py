@@ -207,7 +207,6 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     acc_layout: gl.constexpr = mma_layout(c.kv_ops.a.shape[2])
     dst_op = gl.convert_layout(dst, gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
     dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
-    ds_buf = stage.ds_buffer(it, WG)
     fence_async_shared()
     stage.publish_ds(it)
     _block_dq(c, stage, blk, tile, want_dq, DIRECT)
