@@ -290,6 +290,32 @@ def key_blocks(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def context_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """HSTU's mask with a contextual prefix: keys [lo, hi), whole blocks of BLOCK_N from a multiple of it, that
+    queries [m0, m0 + BLOCK_M) see from their context rows alone, which see every one of them (context_rows says
+    which rows those are): the history's keys past the diagonal of the tile's last row (so that row is no target:
+    a target row sees history keys past its diagonal), where the history has positions past the context's (else
+    a context row sees itself alone). Empty (lo == hi == 0) for tiles without context rows. Such blocks need only a
+    test of the rows, not key_blocks' mask of every pair."""
+    n, shift = _rows(seq, rule)
+    c = rule.p[2]
+    h = n - seq[2]  # the history's end: keys from h on are targets
+    m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift
+    _, u, _ = _position(m_last, seq, rule)
+    lo = tl.cdiv(m_last + 1, BLOCK_N) * BLOCK_N
+    hi = (h // BLOCK_N) * BLOCK_N
+    has = (m0 + shift < c) & (u > 0) & (lo < hi)
+    return tl.where(has, lo, 0), tl.where(has, hi, 0)
+
+
+@triton.jit
+def context_rows(i, seq, rule):
+    """HSTU's mask: which query rows i are context rows (each sees every history key; context_keys)."""
+    _, shift = _rows(seq, rule)
+    return i + shift < rule.p[2]
+
+
+@triton.jit
 def query_range(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Queries [lo, hi) that see keys [n0, n0 + BLOCK_N), lo aligned down to BLOCK_M (see Transposition); with
     HSTU's mask, the range after query_prefix's."""

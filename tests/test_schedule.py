@@ -280,6 +280,7 @@ TARGET_CASES = {  # lengths, targets, contextual_len, window (HSTU's max_attn_le
     "context": ([1, 2, 40, 65, 129, 200], [0, 1, 5, 0, 20, 3], 5, -1),
     "context-window": ([3, 40, 65, 129, 200], [1, 0, 3, 20, 7], 9, 30),
     "context-longer-than-history": ([4, 6, 30], [2, 6, 1], 8, -1),
+    "context-all-but-one-position": ([64, 90], [5, 3], 60, -1),  # (64: the history's one position, the context's)
     # each sequence's last rows as queries (HSTU's cached attention): none, a few, all, some context rows among them
     "serving": ([1, 2, 40, 65, 129, 200, 200], [0, 1, 5, 20, 3, 7, 0], 0, -1, [1, 0, 7, 65, 30, 200, 33]),
     "serving-context-window": ([3, 40, 40, 65, 129, 200, 300], [1, 0, 3, 3, 20, 7, 40], 9, 30,

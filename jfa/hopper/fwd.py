@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 from .. import variants
 from ..bwd_common import scaled_rows
-from ..geometry import block_count, key_blocks, key_range, visible
+from ..geometry import TARGETS, block_count, context_keys, context_rows, key_blocks, key_range, visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import launch, num_sms
@@ -144,20 +144,36 @@ def _visible(i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.constexpr
 
 
 @gluon.jit
+def _hide(x, i_row, n0, edges, tile, batch, s_cols: gl.constexpr, SCORE: gl.constexpr):
+    """x (scores or weights) of block n0, outside its rows' mask-free blocks, with the invisible pairs hidden: under
+    HSTU's mask, the blocks its context rows alone see (jfa.geometry.context_keys) by a test of the rows; else the
+    mask of every pair (HSTU's costs several operations a pair)."""
+    BLOCK_N: gl.constexpr = x.shape[1]
+    if batch.rule.KIND == TARGETS:
+        if (n0 >= edges[3]) & (n0 < edges[4]):
+            x = variants.hide(x, context_rows(i_row, tile.seq, batch.rule), SCORE)
+        else:
+            x = variants.hide(x, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
+    else:
+        x = variants.hide(x, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
+    return x
+
+
+@gluon.jit
 def _weights(s, state, n0, edges, tile, batch, score, s_cols: gl.constexpr, FIRST: gl.constexpr,
              SCORE: gl.constexpr):
     """Block n0's scores s -> (its weights P, the running state, alpha: jfa.variants.weights); edges = (the rows,
-    their mask-free blocks [full_lo, full_hi)): blocks outside take the mask (jfa.geometry)."""
-    i_row, full_lo, full_hi = edges
-    BLOCK_N: gl.constexpr = s.shape[1]
+    their mask-free blocks [full_lo, full_hi), under HSTU's mask the keys [lo, hi) only their context rows see):
+    blocks outside the mask-free ones take the mask (_hide)."""
+    i_row, full_lo, full_hi = edges[0], edges[1], edges[2]
     # (the edge test written where it is used: held across an activation's weights, it cost the silu forward ~4%)
     if variants.masks_scores(SCORE):
         if (n0 < full_lo) | (n0 >= full_hi):
-            s = variants.hide(s, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
+            s = _hide(s, i_row, n0, edges, tile, batch, s_cols, SCORE)
     p, state, alpha = variants.weights(s, state, score, SCORE, FIRST)
     if not variants.masks_scores(SCORE):
         if (n0 < full_lo) | (n0 >= full_hi):
-            p = variants.hide(p, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
+            p = _hide(p, i_row, n0, edges, tile, batch, s_cols, SCORE)
     return p, state, alpha
 
 
@@ -222,7 +238,12 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
         # too, the key range spilled the gelu_tanh forward)
         _, hi = key_range(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
         n_own = gl.minimum(block_count(tile.lo, hi, BLOCK_N), n_blocks)
-    edges = (gl.expand_dims(row0 + gl.arange(0, WG_ROWS, layout=s_rows), 1), full_lo, full_hi)
+    i_row = gl.expand_dims(row0 + gl.arange(0, WG_ROWS, layout=s_rows), 1)
+    if batch.rule.KIND == TARGETS:  # (HSTU's context tile: the history past its diagonal is its context rows')
+        ctx_lo, ctx_hi = context_keys(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
+        edges = (i_row, full_lo, full_hi, ctx_lo, ctx_hi)
+    else:
+        edges = (i_row, full_lo, full_hi)
     state = variants.row_state(gl.full([WG_ROWS], 0.0, gl.float32, layout=s_rows))
     acc = gl.full([WG_ROWS, HEAD_DIM], 0.0, gl.float32, layout=mma_layout(HEAD_DIM))
     if not q_ops.POSTED:

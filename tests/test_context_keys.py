@@ -1,0 +1,60 @@
+"""jfa.geometry.context_keys and context_rows (HSTU's contextual prefix): the key blocks a query tile sees from its
+context rows alone are seen by exactly those rows, against jfa.jagged.target_mask, on test_schedule's HSTU cases
+(in Triton's interpreter)."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from jfa.testing import offsets_of
+from test_schedule import FULL_ROWS, TARGET_CASES, _target_case
+
+
+@triton.jit
+def _context_kernel(q_offsets, kv_offsets, num_targets, OUT, ROWS, context, window, full, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, TILES: tl.constexpr, LAST_ROWS: tl.constexpr, FULL: tl.constexpr):
+    """Per sequence and query tile: context_keys' (lo, hi), and context_rows of the tile's rows."""
+    from jfa.geometry import context_keys, context_rows, mask_rule, sequence, sequence_bounds
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
+    rule = mask_rule((num_targets, window, 0, context, LAST_ROWS, full, FULL))
+    seq = sequence(b, lens, rule)
+    lo, hi = context_keys(t * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
+    tl.store(OUT + (b * TILES + t) * 2, lo)
+    tl.store(OUT + (b * TILES + t) * 2 + 1, hi)
+    rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(ROWS + (b * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M), context_rows(rows, seq, rule).to(tl.int32))
+
+
+@pytest.mark.parametrize("name", list(TARGET_CASES))
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (64, 64), (16, 32)])
+def test_context_keys_are_seen_by_the_context_rows_alone(name, block_m, block_n):
+    from jfa.jagged import UNBOUNDED, visible_mask
+    lens, q_lens, targets, context, window = _target_case(name)
+    full = FULL_ROWS.get(name, 0)
+    tiles = max(-(-n // block_m) for n in q_lens) + 1
+    out = torch.full((len(lens), tiles, 2), -7, dtype=torch.int32)
+    rows = torch.full((len(lens), tiles, block_m), -7, dtype=torch.int32)
+    w = UNBOUNDED if window < 0 else window
+    _context_kernel[(len(lens), tiles)](offsets_of(q_lens), offsets_of(lens), torch.tensor(targets, dtype=torch.int32),
+                                        out, rows, context, w, full, BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles,
+                                        LAST_ROWS=q_lens is not lens, FULL=full > 0)
+    blocks = 0
+    for b, (lq, n, t) in enumerate(zip(q_lens, lens, targets)):
+        mask = visible_mask(lq, n, window, 0, targets=(t, context, full))  # [lq, n]
+        shift = n - lq
+        for tile in range(-(-lq // block_m)):
+            lo, hi = out[b, tile].tolist()
+            real = slice(tile * block_m, min((tile + 1) * block_m, lq))
+            is_context = rows[b, tile, :real.stop - real.start].bool()
+            assert torch.equal(is_context, torch.arange(real.start, real.stop) + shift < context), (name, b, tile)
+            assert lo % block_n == 0 and hi % block_n == 0 and (lo < hi or lo == hi == 0), (name, b, tile, lo, hi)
+            assert hi <= n
+            if lo < hi:
+                assert is_context.any(), (name, b, tile, lo, hi)
+                seen = mask[real, lo:hi]
+                assert torch.equal(seen, is_context[:, None].expand_as(seen)), (name, b, tile, lo, hi)
+                blocks += (hi - lo) // block_n
+    if name in ("context", "context-window", "context-window-full"):  # (long histories past a context: not vacuous)
+        assert blocks > 0, name
