@@ -309,6 +309,37 @@ def context_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def window_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """HSTU's mask: the first key (a multiple of BLOCK_N) from which, for queries [m0, m0 + BLOCK_M), it is the causal
+    window's on the sequence's rows (window_visible): rows in the history past the context and keys past the
+    context see each other at p(i) - p(j) = i - j, and the targets past such rows are unseen, as past the diagonal.
+    1 << 30 (no such key) for tiles with context or target rows, with rows past the window's reach (rule.FULL,
+    whose rows see the whole history), and in cross-attention (rule.LAST_ROWS: serving's query rows are mostly
+    targets, and the test's shift cost the Hopper forward's serving forms 200-270 B of spills)."""
+    if rule.FULL or rule.LAST_ROWS:
+        return 1 << 30
+    else:
+        n, shift = _rows(seq, rule)
+        c = rule.p[2]
+        m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift
+        plain = (m0 + shift >= c) & (m_last < n - seq[2])
+        return tl.where(plain, tl.cdiv(c, BLOCK_N) * BLOCK_N, 1 << 30)
+
+
+@triton.constexpr_function
+def has_window_keys(last_rows, full):
+    """Whether window_keys can find any key under a rule with these LAST_ROWS and FULL (Rule's constexprs)."""
+    return not last_rows and not full
+
+
+@triton.jit
+def window_visible(i, j, seq, rule):
+    """HSTU's mask where window_keys says it is the causal window's: key rows j that exist, in query rows i's window."""
+    seq_w, rule_w = _causal_window(seq, rule)
+    return in_window(i, j, seq_w, rule_w) & (j < seq_w[1])
+
+
+@triton.jit
 def context_rows(i, seq, rule):
     """HSTU's mask: which query rows i are context rows (each sees every history key; context_keys)."""
     _, shift = _rows(seq, rule)
