@@ -308,6 +308,12 @@ def context_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     return tl.where(has, lo, 0), tl.where(has, hi, 0)
 
 
+@triton.constexpr_function
+def has_window_keys(last_rows, full):
+    """Whether window_keys can find any key under a rule with these LAST_ROWS and FULL (Rule's constexprs)."""
+    return not last_rows and not full
+
+
 @triton.jit
 def window_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """HSTU's mask: the first key (a multiple of BLOCK_N) from which, for queries [m0, m0 + BLOCK_M), it is the causal
@@ -316,7 +322,7 @@ def window_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     1 << 30 (no such key) for tiles with context or target rows, with rows past the window's reach (rule.FULL,
     whose rows see the whole history), and in cross-attention (rule.LAST_ROWS: serving's query rows are mostly
     targets, and the test's shift cost the Hopper forward's serving forms 200-270 B of spills)."""
-    if rule.FULL or rule.LAST_ROWS:
+    if not has_window_keys(rule.LAST_ROWS, rule.FULL):
         return 1 << 30
     else:
         n, shift = _rows(seq, rule)
@@ -324,12 +330,6 @@ def window_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift
         plain = (m0 + shift >= c) & (m_last < n - seq[2])
         return tl.where(plain, tl.cdiv(c, BLOCK_N) * BLOCK_N, 1 << 30)
-
-
-@triton.constexpr_function
-def has_window_keys(last_rows, full):
-    """Whether window_keys can find any key under a rule with these LAST_ROWS and FULL (Rule's constexprs)."""
-    return not last_rows and not full
 
 
 @triton.jit
