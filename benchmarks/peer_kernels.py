@@ -7,8 +7,8 @@ one pass moving 3.3x NVIDIA HSTU's DRAM bytes this way, and the work queue came 
     python benchmarks/peer_kernels.py --only WORKLOAD [--providers jfa,fa4] [--out DIR] [--set full]
     python benchmarks/peer_kernels.py --only WORKLOAD --providers P --calls 2      (the profiled program itself)
 
-Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call inside the NVTX
-range "profiled", which alone is profiled (--nvtx-include). The table, with each provider's longest kernel's top
+Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call between the
+profiler's start and stop, which alone is profiled (--profile-from-start off). The table, with each provider's longest kernel's top
 stall lines (scripts/ncu_lines.py), goes to DIR/peer-WORKLOAD.txt and those kernels' source pages to
 DIR/peer-WORKLOAD-PROVIDER.source.csv; the reports and their raw pages (tens of MB) stay in the temporary folder
 (peer-WORKLOAD-PROVIDER.ncu-rep: `ncu -i REPORT --page details`). FA4 needs its carried install (scripts/lib.sh's
@@ -46,12 +46,14 @@ COLUMNS = [
 ]
 # any other raw metric whose name matches this goes to the long listing under the table
 EXTRA = re.compile(r"pipe_tensor.*pct|issue_active.*pct|mem_shared.*pct|lsu_mem_local|"
-                   r"warp_latency_issue_stalled|pipe_.*cycles_active.*pct_of_peak_sustained_active")
+                   r"warp_latency_issue_stalled|pipe_.*cycles_active.*pct_of_peak_sustained_active|"
+                   r"^l1tex__data_pipe_lsu_wavefronts_mem_shared.*\.sum$|^l1tex__data_bank_conflicts.*\.sum$|"
+                   r"^sm__cycles_elapsed\.avg$|^smsp__inst_executed\.sum$|^lts__t_sectors_op_red\.sum$")
 
 
 def calls(only: str, provider: str, n: int) -> None:
     """The profiled program: provider's forward + backward on the workload, n - 1 warm-up calls, then one inside the
-    NVTX range "profiled"."""
+    profiler's start and stop."""
     import torch
 
     from jfa.bench import providers, suite
@@ -66,10 +68,12 @@ def calls(only: str, provider: str, n: int) -> None:
     for _ in range(n - 1):
         run_provider_once(fn, inp)
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("profiled")
+    # the profiler's start and stop, not an NVTX range: those are per thread, and autograd launches the backward's
+    # kernels from a thread of its own (an NVTX range profiled the forward's alone)
+    torch.cuda.cudart().cudaProfilerStart()
     run_provider_once(fn, inp)
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    torch.cuda.cudart().cudaProfilerStop()
 
 
 def _scaled(factors: dict, unit: str, value: str) -> str:
@@ -102,8 +106,8 @@ def table(raw_csv: str, provider: str) -> tuple[list[str], list[str]]:
 def profile(only: str, provider: str, out: Path, section_set: str) -> tuple[list[str], list[str]]:
     # the report and its raw page in the temporary folder (tens of MB: more than the device tool brings back)
     rep = Path(tempfile.gettempdir()) / f"peer-{only}-{provider}"
-    cmd = ["ncu", "--set", section_set, "--import-source", "no", "--clock-control", "none", "--nvtx",
-           "--nvtx-include", "profiled/", "-f", "-o", str(rep), sys.executable, __file__, "--only", only,
+    cmd = ["ncu", "--set", section_set, "--import-source", "no", "--clock-control", "none",
+           "--profile-from-start", "off", "-f", "-o", str(rep), sys.executable, __file__, "--only", only,
            "--providers", provider, "--calls", "2"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
