@@ -9,10 +9,10 @@ one pass moving 3.3x NVIDIA HSTU's DRAM bytes this way, and the work queue came 
 
 Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call between the
 profiler's start and stop, which alone is profiled (--profile-from-start off). The table, with each provider's
-longest kernel's top stall lines (scripts/ncu_lines.py), goes to DIR/peer-WORKLOAD.txt and those kernels' source pages to
-DIR/peer-WORKLOAD-PROVIDER.source.csv; the reports and their raw pages (tens of MB) stay in the temporary folder
-(peer-WORKLOAD-PROVIDER.ncu-rep: `ncu -i REPORT --page details`). FA4 needs its carried install (scripts/lib.sh's
-fa4).
+longest kernel's top stall lines (scripts/ncu_lines.py), goes to DIR/peer-WORKLOAD.txt and those kernels' source
+pages to DIR/peer-WORKLOAD-PROVIDER.source.csv; the reports and their raw pages (tens of MB) stay in the temporary
+folder (peer-WORKLOAD-PROVIDER.ncu-rep: `ncu -i REPORT --page details`). FA4 needs its carried install
+(scripts/lib.sh's fa4).
 """
 import argparse
 import csv
