@@ -20,7 +20,8 @@ def address(r: int, c: int, swizzle: int, cols: int, elem: int = 4) -> int:
     chunk, offset = divmod(cc, 16)
     if swizzle:
         chunk ^= (r // (128 // swizzle)) % (swizzle // 16)
-    return block * 64 * width + r * width + chunk * 16 + offset
+    return block * 64 * width + r * width + chunk * 16 + offset  # (blocks spaced for up to 64 rows: only a word's
+    # bank and identity count)
 
 
 def wavefronts(stores, swizzle: int, cols: int) -> float:
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     for swizzle in (0, 32, 64, 128):
         a = wavefronts(accumulator_stores(args.cols), swizzle, args.cols)
-        t = wavefronts(transposed_stores(32), swizzle, args.cols)
+        t = wavefronts(transposed_stores(32), swizzle, 64)
         print(f"swizzle {swizzle:3d}: [64, {args.cols}] from the accumulator {a:.1f} wavefronts a store (ideal 2); "
               f"[32, 64] through a permuted view {t:.1f} (ideal 1)")
     return 0
