@@ -1,6 +1,8 @@
 """Shared-memory wavefronts of a consumer's stores from wgmma's float32 accumulator layout into an NVMMA-swizzled
-tile, by swizzle: what ncu's "L1 Wavefronts Shared Excessive" counts, predicted on any machine (the one pass's dQ
-chunk under the 128-byte swizzle took 4 wavefronts a store where 2 would do: ncu on causal-skewed-4k).
+tile, by swizzle, or into rows whose 32-byte groups are permuted by the row (Triton's SwizzledSharedLayout(vec=8,
+per_phase=1, max_phase=8) for float32: group g of row r at g ^ (r % 8)): what ncu's "L1 Wavefronts Shared
+Excessive" counts, predicted on any machine (the one pass's dQ chunk under the 128-byte swizzle took 4 wavefronts a
+store where 2 would do: ncu on causal-skewed-4k).
 
     python scripts/bank_conflicts.py [--cols 64]
 
@@ -24,14 +26,21 @@ def address(r: int, c: int, swizzle: int, cols: int, elem: int = 4) -> int:
     # bank and identity count)
 
 
-def wavefronts(stores, swizzle: int, cols: int) -> float:
-    """Mean wavefronts a warp store, over stores: each a list of phases, each phase a list of (row, col) words."""
+def xor_address(r: int, c: int, cols: int, elem: int = 4, group: int = 8, phases: int = 8) -> int:
+    """Byte address of element (r, c) of a [rows, cols] tile whose rows hold their `group`-element groups permuted,
+    group g at g ^ (r % phases) (Triton's SwizzledSharedLayout(vec=group, per_phase=1, max_phase=phases))."""
+    return (r * cols + ((c // group) ^ (r % phases)) * group + c % group) * elem
+
+
+def wavefronts(stores, swizzle, cols: int) -> float:
+    """Mean wavefronts a warp store, over stores: each a list of phases, each phase a list of (row, col) words;
+    swizzle: an NVMMA swizzle's bytes, or "xor" (xor_address)."""
     total = 0
     for phases in stores:
         for words in phases:
             banks = {}
             for r, c in words:
-                a = address(r, c, swizzle, cols)
+                a = xor_address(r, c, cols) if swizzle == "xor" else address(r, c, swizzle, cols)
                 banks.setdefault(a // 4 % 32, set()).add(a // 4)
             total += max(len(v) for v in banks.values())
     return total / len(stores)
@@ -58,10 +67,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cols", type=int, default=64, help="float32 columns of the tile (the dQ chunk: 64)")
     args = p.parse_args(argv)
-    for swizzle in (0, 32, 64, 128):
+    for swizzle in (0, 32, 64, 128, "xor"):
         a = wavefronts(accumulator_stores(args.cols), swizzle, args.cols)
         t = wavefronts(transposed_stores(32), swizzle, 64)
-        print(f"swizzle {swizzle:3d}: [64, {args.cols}] from the accumulator {a:.1f} wavefronts a store (ideal 2); "
+        print(f"swizzle {swizzle:>3}: [64, {args.cols}] from the accumulator {a:.1f} wavefronts a store (ideal 2); "
               f"[32, 64] through a permuted view {t:.1f} (ideal 1)")
     return 0
 

@@ -149,8 +149,8 @@ def test_api_overhead_runs_over_todays_backend_interface():
 def test_bank_conflict_model_matches_ncu_and_finds_the_conflict_free_swizzle():
     """scripts/bank_conflicts.py: its model gives the 4 wavefronts a store that ncu measured for the one pass's dQ
     chunk under the 128-byte swizzle (causal-skewed-4k: 87.7 M wavefronts for 22.1 M STS.64, 43.5 M excessive), the
-    ideal 2 under the 32-byte swizzle, and the ideal 1 for the short-q form's transposed chunk under the 128-byte
-    one."""
+    ideal 2 under the 32-byte swizzle and with the row-permuted groups, and the ideal 1 for the short-q form's
+    transposed chunk under the 128-byte one."""
     import runpy
     bc = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "bank_conflicts.py"))
     acc, tr = bc["accumulator_stores"](64), bc["transposed_stores"](32)
@@ -158,3 +158,4 @@ def test_bank_conflict_model_matches_ncu_and_finds_the_conflict_free_swizzle():
     assert bc["wavefronts"](acc, 32, 64) == 2.0
     assert bc["wavefronts"](tr, 128, 64) == 1.0
     assert bc["wavefronts"](acc, 0, 64) == 8.0  # unswizzled rows of 256 bytes: every row on the same banks
+    assert bc["wavefronts"](acc, "xor", 64) == 2.0  # 32-byte groups permuted by the row (docs/experiments/dq-xor)
