@@ -146,6 +146,7 @@ def test_api_overhead_runs_over_todays_backend_interface():
             if backend == "hopper" and line.split(" median")[0].strip().endswith("forward"):
                 assert float(line.split("launch: min")[1].split("us")[0]) > 0, line
 
+
 def test_bank_conflict_model_matches_ncu_and_finds_the_conflict_free_swizzle():
     """scripts/bank_conflicts.py: its model gives the 4 wavefronts a store that ncu measured for the one pass's dQ
     chunk under the 128-byte swizzle (causal-skewed-4k: 87.7 M wavefronts for 22.1 M STS.64, 43.5 M excessive), the
