@@ -5,9 +5,7 @@
 # suite names), PARTS (passes.py's part names, comma-separated; default "forward,backward (default)"). Make each
 # OTHER here first, e.g.
 #   mkdir -p .ab/base && git archive HEAD jfa benchmarks | tar -x -C .ab/base     (.ab/ is git-ignored)
-# or an experiment's tree (its patch's jfa/ part applied to a copy of this commit's):
-#   mkdir -p .ab/NAME && git archive HEAD jfa benchmarks | tar -x -C .ab/NAME &&
-#   git apply --directory=.ab/NAME --include='.ab/NAME/jfa/*' docs/experiments/NAME.patch
+# or an experiment's tree (its patches' jfa/ parts applied to a copy of this commit's): scripts/ab_tree.sh NAME PATCH...
 # and carry them: run with carry [".ab"]. Each OTHER needs the passes.py --parts option (commits from 2026-12-01 on).
 # Every line is tagged with its tree (OTHER's folder name, or "this"); compare within one call only (machines differ
 # by up to ~10%).

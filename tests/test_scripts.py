@@ -160,3 +160,24 @@ def test_bank_conflict_model_matches_ncu_and_finds_the_conflict_free_swizzle():
     assert bc["wavefronts"](tr, 128, 64) == 1.0
     assert bc["wavefronts"](acc, 0, 64) == 8.0  # unswizzled rows of 256 bytes: every row on the same banks
     assert bc["wavefronts"](acc, "xor", 64) == 2.0  # 32-byte groups permuted by the row (docs/experiments/dq-xor)
+
+
+def test_experiment_patches_apply(tmp_path):
+    """docs/experiments: every waiting patch still applies to this commit's jfa/ through scripts/ab_tree.sh (after
+    the patch its subject says it is on top of), so a stale patch fails here, not in a device call."""
+    import re
+    root = Path(__file__).parents[1]
+    patches = sorted((root / "docs" / "experiments").glob("*.patch"))
+
+    def stack(name):
+        head = (root / "docs" / "experiments" / f"{name}.patch").read_text()[:2000]
+        base = re.search(r"on top of ([\w-]+)\.patch", " ".join(head.split()))
+        return (stack(base.group(1)) if base else []) + [name]
+    for patch in patches:
+        names = stack(patch.stem)
+        res = subprocess.run(["bash", "scripts/ab_tree.sh", patch.stem, *names], cwd=root, capture_output=True,
+                             text=True, env=dict(os.environ, AB_ROOT=str(tmp_path)), timeout=120)
+        assert res.returncode == 0, (names, res.stderr[-2000:])
+        changed = [f for f in re.findall(r"^\+\+\+ b/(jfa/\S+)", patch.read_text(), re.M)
+                   if not (root / f).exists() or (root / f).read_bytes() != (tmp_path / patch.stem / f).read_bytes()]
+        assert changed, (patch.name, "changed nothing")
