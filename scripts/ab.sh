@@ -3,10 +3,9 @@
 # A/B on the GPU machine: benchmarks/passes.py for each OTHER (a copy of jfa at another commit, or with a patch,
 # carried with the call) and for this checkout, in turn, ROUNDS times (default 2), on WORKLOADS (comma-separated
 # suite names), PARTS (passes.py's part names, comma-separated; default "forward,backward (default)"). Make each
-# OTHER here first, e.g.
-#   mkdir -p .ab/base && git archive HEAD jfa benchmarks | tar -x -C .ab/base     (.ab/ is git-ignored)
-# or an experiment's tree (its patches' jfa/ parts applied to a copy of this commit's): scripts/ab_tree.sh NAME PATCH...
-# and carry them: run with carry [".ab"]. Each OTHER needs the passes.py --parts option (commits from 2026-12-01 on).
+# OTHER here first with scripts/ab_tree.sh NAME [PATCH...] (this commit's jfa/ and benchmarks/ in .ab/NAME, git-ignored,
+# with the patches applied) or from another commit (git archive COMMIT jfa benchmarks | tar -x -C .ab/NAME), and carry
+# them: run with carry [".ab"]. Each OTHER needs the passes.py --parts option (commits from 2026-12-01 on).
 # Every line is tagged with its tree (OTHER's folder name, or "this"); compare within one call only (machines differ
 # by up to ~10%).
 set -uo pipefail
