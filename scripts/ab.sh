@@ -7,7 +7,9 @@
 # with the patches applied) or from another commit (git archive COMMIT jfa benchmarks | tar -x -C .ab/NAME), and carry
 # them: run with carry [".ab"]. Each OTHER needs the passes.py --parts option (commits from 2026-12-01 on).
 # Every line is tagged with its tree (OTHER's folder name, or "this"); compare within one call only (machines differ
-# by up to ~10%).
+# by up to ~10%). Before the rounds, every tree's kernels for these workloads compile in parallel (AB_JOBS processes
+# at once, default 4: each calls the parts once, untimed; a cold Hopper kernel takes one core 5-30 s, and the trees'
+# first rounds compiled them one after another); the rounds then load them from Triton's cache.
 set -uo pipefail
 source scripts/lib.sh
 others=${1:?usage: scripts/ab.sh OTHER[,OTHER...] WORKLOADS [PARTS] [ROUNDS]}
@@ -16,6 +18,16 @@ parts=${3:-forward,backward (default)}
 rounds=${4:-2}
 [ -d .venv ] || setup
 triton_cache
+start=$SECONDS
+for tree in ${others//,/ } .; do
+  for w in ${only//,/ }; do
+    while [ "$(jobs -rp | wc -l)" -ge "${AB_JOBS:-4}" ]; do sleep 1; done
+    timeout -k 10 280 env PYTHONPATH="$tree" $PY "$tree/benchmarks/passes.py" --only "$w" --parts "$parts" --calls 1 \
+      > /dev/null 2>&1 &
+  done
+done
+wait
+echo "== compiled in parallel: $((SECONDS - start)) s"
 for r in $(seq "$rounds"); do
   for other in ${others//,/ }; do
     step 280 env PYTHONPATH="$other" $PY "$other/benchmarks/passes.py" --only "$only" --parts "$parts" |

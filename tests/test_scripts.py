@@ -181,3 +181,26 @@ def test_experiment_patches_apply(tmp_path):
         changed = [f for f in re.findall(r"^\+\+\+ b/(jfa/\S+)", patch.read_text(), re.M)
                    if not (root / f).exists() or (root / f).read_bytes() != (tmp_path / patch.stem / f).read_bytes()]
         assert changed, (patch.name, "changed nothing")
+
+
+def test_ab_compiles_every_tree_before_the_timed_rounds(tmp_path):
+    """scripts/ab.sh with a stand-in python (it logs each call): first every tree's parts called once per workload,
+    untimed (the parallel compile), then the timed rounds, each tree's lines tagged with its name."""
+    root = Path(__file__).parents[1]
+    (tmp_path / "scripts").mkdir()
+    for name in ("ab.sh", "lib.sh"):
+        (tmp_path / "scripts" / name).write_text((root / "scripts" / name).read_text())
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    fake = tmp_path / ".venv" / "bin" / "python"
+    fake.write_text('#!/usr/bin/env bash\necho "${PYTHONPATH:-this} $*" >> calls.log\necho "timed $*"\n')
+    fake.chmod(0o755)
+    (tmp_path / ".ab" / "x").mkdir(parents=True)
+    res = subprocess.run(["bash", "scripts/ab.sh", ".ab/x", "w1,w2", "one pass", "2"], cwd=tmp_path,
+                         capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path / "out")), timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    warm = {c for c in calls if c.endswith("--calls 1")}
+    assert warm == {f"{tree} {tree}/benchmarks/passes.py --only {w} --parts one pass --calls 1"
+                    for tree in (".ab/x", ".") for w in ("w1", "w2")}, calls
+    assert all(c.endswith("--calls 1") for c in calls[:4]) and len(calls) == 4 + 2 * 2, calls
+    assert [line.split()[0] for line in res.stdout.splitlines() if "timed" in line] == ["x", "this"] * 2, res.stdout
