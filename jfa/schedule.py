@@ -139,14 +139,15 @@ def _record_offsets(q_offsets, kv_offsets, keys, kv_range, seen, tile_ends, batc
 
 
 @triton.jit
-def _tile_of(idx, tile_ends, batch, SEARCH_STEPS: tl.constexpr):
-    """Sequence of tile ids idx: how many sequences end at or before them (binary search over tile_ends)."""
+def ends_before(idx, ends, batch, SEARCH_STEPS: tl.constexpr):
+    """How many of the batch ascending `ends` are at or before each of idx (a binary search of SEARCH_STEPS >=
+    log2(batch) + 1 halvings): the sequence of tile ids idx over the tiles' ends, or of rows idx over q_offsets[1:]."""
     lo = tl.zeros_like(idx)
     hi = tl.zeros_like(idx) + batch
     for _ in tl.static_range(SEARCH_STEPS):
         active = lo < hi
         mid = (lo + hi) // 2
-        right = (tl.load(tile_ends + mid, mask=active, other=0) <= idx) & active
+        right = (tl.load(ends + mid, mask=active, other=0) <= idx) & active
         lo = tl.where(right, mid + 1, lo)
         hi = tl.where(active & ~right, mid, hi)
     return lo
@@ -220,7 +221,7 @@ def _tile_costs(offsets, parts, sched, sizes, rule, BLOCK_M: tl.constexpr, BLOCK
     for t0 in range(0, capacity, BLOCK):
         idx = t0 + tl.arange(0, BLOCK)
         keep = idx < capacity
-        seq = _tile_of(idx, tile_ends, batch, SEARCH_STEPS)
+        seq = ends_before(idx, tile_ends, batch, SEARCH_STEPS)
         valid = seq < batch
         seq = tl.minimum(seq, batch - 1)
         q_start, kv_start, lens = sequence_bounds(offsets[0], offsets[1], seq)

@@ -56,6 +56,7 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     the dQ pass unless plan.dq is None. NONE and DIRECT add nothing with atomics: the same bits run to run."""
     from .bwd import dkdv
     from .bwd_dq import dq_pass
+    from .dq_reduce import dq_from_acc
     classes = bwd_classes(p) if plan is None else [(plan, None)]
     if len(classes) > 1:
         return _backward_by_class(p, out, lse, dout, dlse, classes)
@@ -79,6 +80,8 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     dkdv(p, dout, lse, d, dk, dv, plan.dkdv, dq)
     if plan.dq is not None:
         dq_pass(p, dout, lse, d, dq, plan.dq, plan.skip_kv)
+    if plan.dkdv.dq_xor:  # (its columns permuted by row: jfa.hopper.dq_reduce)
+        return dq_from_acc(dq, None if p.broadcast else p.q_offsets, q.dtype), dk, dv
     return sum_broadcast_dq(dq, q, batch, p.broadcast), dk, dv
 
 
@@ -89,6 +92,7 @@ def _backward_by_class(p: Problem, out, lse, dout, dlse, classes):
     it: the sum is each row's own dQ)."""
     from .bwd import dkdv
     from .bwd_dq import dq_pass
+    from .dq_reduce import dq_from_acc
     q, k = p.q, p.k
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(p.v, memory_format=torch.contiguous_format)
@@ -101,7 +105,10 @@ def _backward_by_class(p: Problem, out, lse, dout, dlse, classes):
         if plan.dkdv.dq == DqRoute.REDUCE:
             acc = torch.zeros(dq.shape, device=q.device, dtype=torch.float32)
             dkdv(p, dout, lse, d, dk, dv, plan.dkdv, acc, kv_range)
-            dq.add_(acc)
+            if plan.dkdv.dq_xor:
+                dq_from_acc(acc, p.q_offsets, dq.dtype, into=dq)
+            else:
+                dq.add_(acc)
         else:
             dkdv(p, dout, lse, d, dk, dv, plan.dkdv, dq, kv_range)
         if plan.dq is not None:

@@ -239,10 +239,12 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
 
 def descriptors(q, dout, k, v, cfg: DkdvConfig, dq=None):
     """TMA descriptors: q and dO in block_m-row boxes, k and v in WG_ROWS-row boxes (one per consumer);
-    DqRoute.REDUCE: the float32 dQ accumulator in [block_m, DQ_COLS] boxes (else k's stands in, unused)."""
+    DqRoute.REDUCE: the float32 dQ accumulator in [block_m, DQ_COLS] boxes (else k's stands in, unused), copied
+    row by row where the consumers stage each chunk with its groups permuted (cfg.dq_xor: jfa.hopper.dq_reduce)."""
     rows = WG_ROWS.value
     k_desc = tma_descriptor(k, rows)
-    dq_desc = tma_descriptor(dq, cfg.block_m, DQ_COLS.value) if cfg.dq == DqRoute.REDUCE else k_desc
+    dq_desc = (tma_descriptor(dq, cfg.block_m, DQ_COLS.value, swizzled=not cfg.dq_xor) if cfg.dq == DqRoute.REDUCE
+               else k_desc)
     return (tma_descriptor(q, cfg.block_m), tma_descriptor(dout, cfg.block_m), k_desc, tma_descriptor(v, rows),
             dq_desc)
 

@@ -26,9 +26,10 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.floa
 WG_ROWS = gl.constexpr(64)  # rows of a consumer warpgroup's tile (one wgmma m64 instruction tall)
 
 
-def tma_descriptor(x: torch.Tensor, block_rows: int, block_cols: int = 0):
+def tma_descriptor(x: torch.Tensor, block_rows: int, block_cols: int = 0, swizzled: bool = True):
     """A Gluon TMA descriptor over x [rows, H, D] viewed as [rows, H*D], in [block_rows, D] boxes (one head), or
-    [block_rows, block_cols] boxes.
+    [block_rows, block_cols] boxes; in shared memory swizzled as the box's default NVMMA layout, else (swizzled
+    False) row by row as in global memory.
 
     A box that runs past a sequence reads the next sequence's rows (the kernels mask them); past the tensor's
     end TMA fills zeros. Needs a 16-byte aligned base (see aligned) and a row stride that is a multiple of 16
@@ -40,13 +41,15 @@ def tma_descriptor(x: torch.Tensor, block_rows: int, block_cols: int = 0):
     if heads > 1 and x.stride(1) != d:
         x = x.contiguous()
     box = (block_rows, block_cols or d)
-    return TensorDescriptor(x, [rows, heads * d], [x.stride(0), 1], list(box), _box_layout(box, x.dtype))
+    return TensorDescriptor(x, [rows, heads * d], [x.stride(0), 1], list(box), _box_layout(box, x.dtype, swizzled))
 
 
 @functools.lru_cache(maxsize=64)
-def _box_layout(box, dtype):
-    """The shared-memory layout of a TMA box (a pure function of its shape and dtype, cached: every launch builds
-    its descriptors, and computing the layout was a quarter of their host time)."""
+def _box_layout(box, dtype, swizzled=True):
+    """The shared-memory layout of a TMA box (a pure function of its arguments, cached: every launch builds its
+    descriptors, and computing the layout was a quarter of their host time)."""
+    if not swizzled:
+        return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=dtype.itemsize * 8, rank=len(box))
     return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPES[dtype])
 
 

@@ -129,6 +129,12 @@ class DkdvConfig:
         return self.dq != DqRoute.NONE
 
     @property
+    def dq_xor(self) -> bool:
+        """DqRoute.REDUCE from 64-row blocks: the float32 dQ accumulator holds each row's 64-column chunks with their
+        32-byte groups permuted by row (jfa.hopper.dq_reduce), which only jfa.hopper.dq_reduce.dq_from_acc reads."""
+        return self.dq == DqRoute.REDUCE and self.block_m == WG
+
+    @property
     def direct(self) -> bool:
         """DqRoute.DIRECT: dQ of the sequences whose keys fit one item, stored by the consumers."""
         return self.dq == DqRoute.DIRECT

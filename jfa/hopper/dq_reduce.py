@@ -11,7 +11,19 @@ reduce-adds (cp.reduce.async.bulk.tensor ... .add), so the MMA warpgroups never 
 
 Rows past a sequence's end: the consumers zero dS for queries past it and keys past it (masked blocks), so the
 chunk's tail rows add zeros into the next sequence's rows; TMA clips rows past the tensor's end.
+
+From 64-row blocks (DkdvConfig.dq_xor) the accumulator's rows are permuted: a consumer stores its chunk straight
+from wgmma's layout, 8 bytes a thread, a half-warp 4 rows x 32 bytes at once; in the 128-byte NVMMA swizzle rows r
+and r ^ 1 share banks (4 wavefronts a store where 2 do: ncu, causal-skewed-4k, 43.5 M excess wavefronts, 8% of the
+kernel's), and the 32-byte swizzle, conflict-free, cost 8 TMA messages a chunk and ran 4% slower. So the chunk is
+stored with its 32-byte groups permuted by the row (XOR_GROUP, XOR_PHASES: row r's group g at g ^ (r % 8); 4 rows
+take 4 bank groups) and copied as is, row by row (one message a chunk); each dQ row's columns c then hold
+c ^ (8 * ((row - its block's first row) % 8)), and dq_from_acc undoes it as it casts. A row's value is only ever
+added by blocks that start where its own does (other sequences' blocks add zeros, permuted or not).
 """
+import torch
+import triton
+import triton.language as tl
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -19,9 +31,13 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
+from ..runtime import launch
+from ..schedule import ends_before
 from .common import WG_ROWS, aggregate, mma_layout
 
 DQ_COLS = gl.constexpr(64)  # dQ columns per chunk: a [64, 64] float32 tile is 16 KB of shared memory
+XOR_GROUP = gl.constexpr(8)  # float32 columns a permuted group: 32 bytes, 8 of the 32 banks
+XOR_PHASES = gl.constexpr(8)  # a row's groups are XORed with row % XOR_PHASES (DQ_COLS / XOR_GROUP groups a chunk)
 
 
 @builtin
@@ -121,10 +137,15 @@ class DqStage:
         the writer."""
         slot = w * self.STAGES + n % self.STAGES
         mbarrier.wait(self.empty.index(slot), ((n // self.STAGES) & 1) ^ 1)
+        buf = self.dq.index(slot)
         if TRANSPOSED:
-            self.dq.index(slot).permute((1, 0)).store(chunk)
+            buf.permute((1, 0)).store(chunk)
+        elif _row_by_row(buf.layout):  # the TMA copies the tile as it lies: the permuted groups go to global memory
+            xor_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=XOR_GROUP, per_phase=1, max_phase=XOR_PHASES,
+                                                               order=[1, 0])
+            buf._reinterpret(gl.float32, buf.shape, xor_layout).store(chunk)
         else:
-            self.dq.index(slot).store(chunk)
+            buf.store(chunk)
         fence_async_shared()
         mbarrier.arrive(self.full.index(slot), count=1)
 
@@ -140,6 +161,12 @@ class DqStage:
         if prev >= 0:
             mbarrier.arrive(self.empty.index(prev), count=1)
         return slot
+
+
+@constexpr_function
+def _row_by_row(layout):
+    """The staging tile's TMA layout copies it unswizzled: the consumers store it with its groups permuted."""
+    return layout.swizzle_byte_width == 0
 
 
 @gluon.jit
@@ -215,3 +242,45 @@ def _drain_item(tile, it, prev, shape, dq_desc, stage):
             for m0 in range(lo, hi, shape.BLOCK_M):
                 it, prev = _drain_block(it, m0, col, prev, tile, shape, dq_desc, stage)
     return it, prev
+
+
+@triton.jit
+def _dq_from_acc_kernel(ACC, DQ, q_offsets, batch, rows, row_elems, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+                        SEARCH_STEPS: tl.constexpr, ADD: tl.constexpr):
+    """DQ[row, c] (+)= ACC[row, c ^ (8 * phase)], phase = (row - its sequence's first row) % 8, in [BLOCK_R rows,
+    BLOCK_G groups, 8] tiles (each group's 32 bytes one vector); the sequence found by jfa.schedule.ends_before over
+    q_offsets[1:]; with SEARCH_STEPS 0, one sequence from row 0 (broadcast q's slab)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    e = tl.arange(0, XOR_GROUP)
+    start = tl.zeros([BLOCK_R], tl.int32)
+    if SEARCH_STEPS > 0:
+        start = tl.load(q_offsets + ends_before(r, q_offsets + 1, batch, SEARCH_STEPS))
+    phase = (r - start) % XOR_PHASES
+    base = r[:, None, None].to(tl.int64) * row_elems
+    dst = base + g[None, :, None] * XOR_GROUP + e[None, None, :]
+    src = base + (g[None, :, None] ^ phase[:, None, None]) * XOR_GROUP + e[None, None, :]
+    keep = (r[:, None, None] < rows) & (g[None, :, None] * XOR_GROUP < row_elems)
+    x = tl.load(ACC + src, mask=keep, other=0.0)
+    if ADD:
+        x += tl.load(DQ + dst, mask=keep, other=0.0).to(tl.float32)
+    tl.store(DQ + dst, x.to(DQ.dtype.element_ty), mask=keep)
+
+
+def dq_from_acc(acc: torch.Tensor, q_offsets: torch.Tensor | None, dtype: torch.dtype, into=None) -> torch.Tensor:
+    """dQ in `dtype` from a float32 accumulator [rows, H, D] reduce-added by 64-row blocks (DkdvConfig.dq_xor),
+    its groups put back in order; q_offsets: the sequences' first rows (blocks start at them), None for broadcast
+    q's slab (blocks from row 0). into: a tensor of dtype to add it into (returned), else a new one."""
+    rows = acc.shape[0]
+    row_elems = acc[0].numel() if rows else 0
+    out = torch.empty(acc.shape, device=acc.device, dtype=dtype) if into is None else into
+    if rows == 0 or row_elems == 0:
+        return out
+    batch = 0 if q_offsets is None else q_offsets.shape[0] - 1
+    groups = row_elems // XOR_GROUP.value
+    block_r, block_g = 16, min(32, triton.next_power_of_2(groups))
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(groups, block_g))
+    launch(_dq_from_acc_kernel, grid, acc, out, acc if q_offsets is None else q_offsets, batch, rows, row_elems,
+           BLOCK_R=block_r, BLOCK_G=block_g, SEARCH_STEPS=0 if q_offsets is None else batch.bit_length() + 1,
+           ADD=into is not None)
+    return out
