@@ -13,7 +13,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from ..ptxas import Report, aot_signature, meta_problem, report
 from ..schedule import ScheduleSpec, allocate
 from . import bwd, bwd_dq, fwd
-from .config import DkdvConfig, DqConfig, DqRoute, FwdConfig, select_dkdv, select_dq, select_fwd
+from .config import DkdvConfig, DqConfig, DqRoute, FwdConfig, for_problem, select_dkdv, select_dq, select_fwd
 
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -98,8 +98,8 @@ def compile_dkdv(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: DkdvCo
                  **fields) -> Report:
     """The dK/dV kernel (jfa.hopper.bwd) in config cfg (select_dkdv's without dQ by default), reported as
     hopper_dkdv (no dQ), hopper_bwd (the one pass, DqRoute.REDUCE) or hopper_dkdv_dq (DqRoute.DIRECT)."""
-    cfg = cfg or select_dkdv(head_dim)
     p = meta_problem(head_dim, dtype, broadcast, **fields)
+    cfg = for_problem(cfg or select_dkdv(head_dim), p)  # (as the problem runs it)
     x = _host_tensor(head_dim, dtype)
     dq = _host_tensor(head_dim, torch.float32)
     out, lse = _outputs(p)

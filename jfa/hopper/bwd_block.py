@@ -217,8 +217,9 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
 
 @gluon.jit
 def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.constexpr):
-    """one_pass_block's score step: S^T, dV += P^T dO (P^T from registers), dP^T, then dS^T into the block's buffer
-    (claimed here; not yet fenced or published) -> (dV, dS^T)."""
+    """one_pass_block's score step: S^T, dV += P^T dO (P^T from registers), dP^T (SERIAL: issued beside dV, after
+    the exponentials; else beside S^T), then dS^T into the block's buffer (claimed here; not yet fenced or
+    published) -> (dV, dS^T)."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     SCORE: gl.constexpr = c.shape.SCORE
     WG: gl.constexpr = c.WG
@@ -231,11 +232,16 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
     st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if not c.shape.SERIAL:  # dP^T beside S^T: the exponentials overlap this consumer's dP^T
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     lse2 = None  # the rows' statistics where the score has them, from shared memory (RowStats)
     delta = None
     if variants.has_lse(SCORE):
         lse2 = gl.expand_dims(d.stats.read(it, q_cols, 0), 0)
-    st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+    if c.shape.SERIAL:
+        st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
+    else:
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
     pt, gt = variants.bwd_weights(st, lse2, c.grads.score, SCORE)
     if MASKED:
         offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
@@ -246,7 +252,8 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
     acc_layout: gl.constexpr = mma_layout(c.kv_ops.a.shape[2])
     pt_op = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
     dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
-    dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if c.shape.SERIAL:
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
     if variants.has_lse(SCORE):  # Delta read where it is used: read beside LSE it lived through the exp phase and
         # both MMAs (16 registers a thread), and the D=128 one pass spilled 932 B with 4 reloads a block (now 428, none

@@ -105,7 +105,9 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
 @dataclass(frozen=True)
 class DkdvConfig:
     block_m: int = 64  # query rows per (Q, dO) block
-    serial: bool = False  # S^T, dV, dP^T, dK one after another (fewer live registers), else S^T and dP^T together
+    # S^T, dV, dP^T, dK one after another (fewer live registers), else S^T and dP^T together; in the one pass
+    # (dq != NONE) S^T waited for alone, then dV and dP^T together, else dP^T beside S^T (for_problem)
+    serial: bool = False
     stages: int = 3  # (Q, dO) ring depth
     block_n: int = 2 * WG  # keys per item: one WG block per consumer
     dq: DqRoute = DqRoute.NONE
@@ -153,15 +155,16 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
     dealt -> queued: window-256 11.51 -> 10.34, gqa-uniform-2k 19.38 -> 17.96, hstu-targets 20.61 -> 19.48,
     hstu-silu 19.60 -> 18.78, causal-skewed-4k 4.54 -> 4.33, self-skewed-8k and gdpa-self even)."""
     if dq == DqRoute.REDUCE and head_dim > 64 and mean_q_len <= (SHORT_Q_DKDV if broadcast else SHORT_Q):
-        return DkdvConfig(block_m=32, dq=dq, stages=2, dq_stages=1, kv_slots=KV_SLOTS, posted_items=True)
+        return DkdvConfig(block_m=32, dq=dq, serial=True, stages=2, dq_stages=1, kv_slots=KV_SLOTS,
+                          posted_items=True)
     if dq == DqRoute.DIRECT and head_dim > 64:
-        return DkdvConfig(block_m=32, dq=dq, stages=DIRECT_STAGES, dq_stages=1, kv_slots=KV_SLOTS,
+        return DkdvConfig(block_m=32, dq=dq, serial=True, stages=DIRECT_STAGES, dq_stages=1, kv_slots=KV_SLOTS,
                           posted_items=True)
     if dq != DqRoute.NONE:  # shared memory at D=128: K, V 64 KB + (Q, dO) ring 2 x 32 KB + dS 32 KB + dQ chunks 2 x
         # 16 KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%)
-        return DkdvConfig(dq=dq, stages=3 if head_dim <= 64 else 2, dq_stages=2 if head_dim <= 64 else 1,
-                          kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=head_dim <= 64,
-                          queue=head_dim > 64)
+        return DkdvConfig(dq=dq, serial=head_dim <= 64, stages=3 if head_dim <= 64 else 2,
+                          dq_stages=2 if head_dim <= 64 else 1, kv_slots=KV_SLOTS if head_dim <= 64 else 1,
+                          posted_items=head_dim <= 64, queue=head_dim > 64)
     if head_dim > 64 and mean_q_len <= SHORT_Q_DKDV:
         return DkdvConfig(block_m=32, serial=True, stages=2, kv_slots=KV_SLOTS, posted_items=True)
     return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
@@ -259,10 +262,20 @@ def fwd_classes(p: Problem) -> list:
     return [(cfg, (0, UNBOUNDED))]
 
 
+# score functions whose D=128 one pass issues dP^T beside S^T (DkdvConfig.serial False): compiled for sm_90, softmax's
+# spills 468 -> 420 B and silu's 420 -> 380, gelu_tanh's 556 -> 1,052 and silu's under HSTU's mask 648 -> 952
+TOGETHER = ("softmax", "silu")
+
+
 def for_problem(cfg, p: Problem):
     """A config chosen by shape (FwdConfig, DkdvConfig), as this problem runs it: with HSTU's mask, no posted_items
-    (the forms that post were timed without the mask; a posted record carries its fields, ItemOperands.post)."""
-    return dataclasses.replace(cfg, posted_items=False) if p.targets and cfg.posted_items else cfg
+    (the forms that post were timed without the mask; a posted record carries its fields, ItemOperands.post); a one
+    pass with dP^T beside S^T only for the TOGETHER score functions without HSTU's mask (else serial)."""
+    if p.targets and cfg.posted_items:
+        cfg = dataclasses.replace(cfg, posted_items=False)
+    if isinstance(cfg, DkdvConfig) and cfg.one_pass and not cfg.serial and (p.targets or p.activation not in TOGETHER):
+        cfg = dataclasses.replace(cfg, serial=True)
+    return cfg
 
 
 def query_tile_schedule(p: Problem, rows: int, block_m: int, ctas: int,
