@@ -219,7 +219,7 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
 def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.constexpr):
     """one_pass_block's score step: S^T, dV += P^T dO (P^T from registers), dP^T (SERIAL: issued beside dV, after
     the exponentials; else beside S^T), then dS^T into the block's buffer (claimed here; not yet fenced or
-    published) -> (dV, dS^T)."""
+    published), with 64-row blocks under dV's MMA -> (dV, dS^T)."""
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     SCORE: gl.constexpr = c.shape.SCORE
     WG: gl.constexpr = c.WG
@@ -251,18 +251,28 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
     # warpgroup barrier before dV's MMA, and no barrier before dS^T takes the buffer
     acc_layout: gl.constexpr = mma_layout(c.kv_ops.a.shape[2])
     pt_op = gl.convert_layout(pt.to(dtype), gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
-    dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
-    if c.shape.SERIAL:
+    # 64-row blocks: dP^T before dV, so that waiting for dP^T alone leaves dV's MMA running under dS^T's math and
+    # stores (waited for below; the 32-row forms spilled more with it: 48-108 -> 96-164 B)
+    DV_LATE: gl.constexpr = BLOCK_M == WG_ROWS
+    if c.shape.SERIAL and DV_LATE:
         dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
+    dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+    if DV_LATE:
+        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+    else:
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
+        dv, dpt = done[0], done[1]
     if variants.has_lse(SCORE):  # Delta read where it is used: read beside LSE it lived through the exp phase and
         # both MMAs (16 registers a thread), and the D=128 one pass spilled 932 B with 4 reloads a block (now 428, none
         # in its block loops)
         delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
-    dst = variants.dscores(pt, done[1], gt, delta, SCORE).to(dtype)
+    dst = variants.dscores(pt, dpt, gt, delta, SCORE).to(dtype)
     stage.claim_ds(it)
     stage.ds_buffer(it, WG).store(dst)
-    return done[0], dst
+    if DV_LATE:  # (an accumulator in flight may not leave: one_pass_block branches on idle)
+        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))[0]
+    return dv, dst
 
 
 @gluon.jit

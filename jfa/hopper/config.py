@@ -262,9 +262,10 @@ def fwd_classes(p: Problem) -> list:
     return [(cfg, (0, UNBOUNDED))]
 
 
-# score functions whose D=128 one pass issues dP^T beside S^T (DkdvConfig.serial False): compiled for sm_90, softmax's
-# spills 468 -> 420 B and silu's 420 -> 380, gelu_tanh's 556 -> 1,052 and silu's under HSTU's mask 648 -> 952
-TOGETHER = ("softmax", "silu")
+# score functions whose D=128 one pass issues dP^T beside S^T (DkdvConfig.serial False), dV under dS^T: compiled for
+# sm_90, spills softmax 468 -> 428 B, silu 420 -> 380, relu and relu2 420 -> 360, identity 428 -> 348; not gelu_tanh
+# (556 -> 1,000), gelu (512 -> 1,596), sigmoid (spill reloads in a block loop) or silu under HSTU's mask (648 -> 952)
+TOGETHER = ("softmax", "silu", "relu", "relu2", "identity")
 
 
 def for_problem(cfg, p: Problem):
