@@ -240,21 +240,28 @@ def full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 @triton.jit
 def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """HSTU's mask is the causal window's on positions; rows in [c, U's row) and keys from c on see each other as the
-    causal window says (p(i) - p(j) = i - j): there its full blocks, else none (a tile with context or target rows
-    is masked whole). Such a row i sees a context key j < c at p(i) - 0 = i - c + 1 <= i - j, so a block the causal
-    window finds full stays full with context keys in it (a tile's first key block, unmasked)."""
+    """HSTU's mask is the causal window's on positions: rows from c on see keys from c on as the window says (p(i) -
+    p(j) = i - j), a target row (position U) the history's keys as its row h = n - T would, and a context key (position
+    0) wherever the window reaches back to position 0 or to the key itself. So a tile past the context has the window's
+    full blocks of its rows, its targets as row h, over the keys before h; a tile with context rows or with no history
+    position (U = 0) none. (Masked whole, the targets put each sequence's last tile on HSTU's rule over its walk.)"""
     n, shift = _rows(seq, rule)
-    c = rule.p[2]
-    m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1
-    seq_w, rule_w = _causal_window(seq, rule)
+    first = m0 + shift
+    h = n - seq[2]
+    last = tl.minimum(tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift, h)  # (targets as row h)
+    p0, u, c1 = _position(first, seq, rule)
+    left = rule.p[0]
     if rule.FULL:  # a tile whose rows all see the whole history: the causal window's full blocks, unbounded
-        p0, u, _ = _position(m0 + shift, seq, rule)
-        rule_w = Rule(WINDOW, (tl.where(p0 >= u - rule.p[4], 1 << 30, rule.p[0]), rule.p[1]))
-    j_lo, j_hi = full_blocks(m0, lo, n_blocks, seq_w, rule_w, BLOCK_M, BLOCK_N)
-    plain = (m0 + shift >= c) & (m_last + shift < n - seq[2])
-    j_lo = tl.where(plain, tl.minimum(j_lo, n_blocks), 0)
-    return j_lo, tl.where(plain, tl.maximum(j_hi, j_lo), 0)
+        left = tl.where(p0 >= u - rule.p[4], 1 << 30, left)
+    # the block's keys are history keys its first row sees: n0 + BLOCK_N - 1 <= min(h - 1, first + RIGHT)
+    top = tl.minimum(h - BLOCK_N, first + rule.p[1] - BLOCK_N + 1) - lo
+    j_hi = tl.where(top >= 0, top // BLOCK_N + 1, 0)
+    # its last row (or row h) sees the block's first key: n0 >= last - LEFT, or from 0 if that reaches position 0
+    bottom = tl.where(last - left > c1, last - left, 0) - lo
+    j_lo = tl.minimum(tl.where(bottom > 0, (bottom + BLOCK_N - 1) // BLOCK_N, 0), n_blocks)
+    plain = (first >= rule.p[2]) & (u > 0)
+    j_lo = tl.where(plain, j_lo, 0)
+    return j_lo, tl.where(plain, tl.maximum(tl.minimum(j_hi, n_blocks), j_lo), 0)
 
 
 @triton.jit

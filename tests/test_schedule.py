@@ -340,8 +340,8 @@ def test_target_geometry_matches_the_rule(name, block_m, block_n):
             assert lo == int(keys.min()) // block_n * block_n and hi == int(keys.max()) + 1, (b, tile, lo, hi)
             assert mask[rows, lo + (f_lo - lo):f_hi].all(), (b, tile, f_lo, f_hi)
             mixed = bool(is_full[rows].any()) and not bool(is_full[rows].all())  # (those peel the window's)
-            if tile * block_m + shift >= context and min((tile + 1) * block_m, lq) + shift <= n - t and not mixed:
-                # rows in the history (past the context): no whole block they all see is left masked
+            if tile * block_m + shift >= context and n - t - max(context - 1, 0) > 0 and not mixed:
+                # rows past the context (history rows, targets): no whole block they all see is left masked
                 whole = [k for k in range(lo, hi - block_n + 1, block_n) if mask[rows, k:k + block_n].all()]
                 assert all(f_lo <= k < f_hi for k in whole), (name, b, tile, f_lo, f_hi, whole)
         for tile in range(-(-n // block_m)):  # key tiles of the same size: the queries that see its keys
