@@ -23,6 +23,8 @@ O = c P V (c: the out scale); G = f'(x), dS = f'(x) dP; dK and dQ take grad_scal
 
 The activations are one table, ACTIVATIONS: name -> one function of (x, FAST) returning (f(x), f'(x)), sharing
 what they share; a kernel that needs one of the two leaves the other to the compiler's dead-code elimination.
+Where folding the scale k (x = s k) into f's constants saves operations an element, an activation may also have the
+forward's own weights function, of (s, k, FAST), returning f(x) / (C k) (forward_weights, weight_coeff: O takes C k).
 FAST: tanh by the MUFU's tanh.approx (the GPU; max relative error ~2^-11, the bf16/fp16 operands' rounding is
 larger), else exactly (Triton's interpreter, which runs no PTX). sigmoid(x) = 0.5 + 0.5 tanh(x / 2): one MUFU
 operation per score, as softmax's exp2.
@@ -100,13 +102,42 @@ def sigmoid(x, FAST: tl.constexpr):
 
 @triton.jit
 def identity(x, FAST: tl.constexpr):
-    return x, 1.0 + 0.0 * x
+    return x, tl.where(True, 1.0, x)  # (f' a constant: dS is dP, and S is dead where no mask reads it)
 
 
 # name -> (f, f'): the activations that may take softmax's place (the reference has the same table in PyTorch)
 ACTIVATIONS = {"silu": silu, "gelu": gelu, "gelu_tanh": gelu_tanh, "relu": relu, "relu2": relu2, "sigmoid": sigmoid,
                "identity": identity}
 SCORE_NAMES = ("softmax", *ACTIVATIONS)  # what the API takes as activation=
+
+
+# ---- the forward's own weights, where folding the scale k pays: f(s k) / (C k), O's factor C k (out_factor). (In
+# fp16 a weight overflows where |f(x)| > 65504 C k: |x| > ~2,900 for gelu_tanh, ~5,800 for identity at D=128.)
+
+@triton.jit
+def gelu_tanh_weights(s, k, FAST: tl.constexpr):
+    """gelu_tanh(s k) / (k / 2) = s + s t, k in tanh's polynomial: 4 float32 operations an element, 6 as gelu_tanh's
+    f (its f' needs x: the backward keeps gelu_tanh, whose registers it was tuned for)."""
+    return s + s * _tanh(s * ((_C0 * k) + (_C0 * _C1 * k * k * k) * (s * s)), FAST)
+
+
+@triton.jit
+def identity_weights(s, k, FAST: tl.constexpr):
+    """identity(s k) / k."""
+    return s
+
+
+@triton.constexpr_function
+def forward_weights(SCORE):
+    """The forward's own weights function of an activation (ACTIVATIONS' name -> a function of (s, k, FAST) returning
+    f(s k) / (C k)), or None: the forward then takes f of SCORE's function."""
+    return {"gelu_tanh": gelu_tanh_weights, "identity": identity_weights}.get(getattr(SCORE, "__name__", ""))
+
+
+@triton.constexpr_function
+def weight_coeff(SCORE):
+    """C of forward_weights' function (it returns f(x) / (C k)); 0 where there is none (softmax too)."""
+    return {"gelu_tanh": 0.5, "identity": 1.0}.get(getattr(SCORE, "__name__", ""), 0.0)
 
 
 def score_fn(activation: str):
@@ -163,8 +194,8 @@ def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, E
             FAST: tl.constexpr = True):
     """One key block's scores s -> (P, the new state, alpha). Softmax: the online softmax in base 2 (state: row max
     of s and row sum; alpha: what to rescale the earlier sum by; FIRST: the first block, nothing summed before;
-    EMPTY_ROWS: a row may have seen nothing yet, whose P and alpha must be 0, not NaN). An activation: f(s qk_scale),
-    the state passed through, alpha 1 (the rescale folds away)."""
+    EMPTY_ROWS: a row may have seen nothing yet, whose P and alpha must be 0, not NaN). An activation: f(s qk_scale)
+    (or its forward_weights: f / (C qk_scale)), the state passed through, alpha 1 (the rescale folds away)."""
     qk_scale = score[0]
     m_i, l_i = state
     if SCORE == SOFTMAX:
@@ -181,19 +212,24 @@ def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, E
             l_i = l_i * alpha + tl.sum(p, 1)
         return p, (m_new, l_i), alpha
     else:
-        p, _ = SCORE(s * qk_scale, FAST)
+        if weight_coeff(SCORE) == 0.0:
+            p, _ = SCORE(s * qk_scale, FAST)
+        else:
+            p = forward_weights(SCORE)(s, qk_scale, FAST)  # (out_factor puts C k on O)
         return p, state, tl.where(True, 1.0, m_i)
 
 
 @triton.jit
 def out_factor(state, score, SCORE: tl.constexpr):
     """The rows' factor on the summed P V: softmax's 1 / row sum (1 for a row that saw no key: its O is 0), an
-    activation's out scale."""
+    activation's out scale (times C k where the forward's weights are f(x) / (C k): forward_weights)."""
     m_i, l_i = state
     if SCORE == SOFTMAX:
         return 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
-    else:
+    elif weight_coeff(SCORE) == 0.0:
         return tl.where(True, score[1], l_i)
+    else:
+        return tl.where(True, score[1] * (weight_coeff(SCORE) * score[0]), l_i)
 
 
 @triton.jit

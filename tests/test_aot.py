@@ -202,3 +202,38 @@ def test_hopper_tma_descriptor_views_rows_in_place_or_copies():
     d = tma_descriptor(head_major, 32, 16)
     assert d.base.data_ptr() != head_major.data_ptr() and torch.equal(d.base, head_major)
     assert (d.shape, d.strides, d.block_shape) == ([10, 256], [256, 1], [32, 16])
+
+
+def test_forward_weights_reach_compiled_gluon_kernels(tmp_path):
+    """An activation with the forward's own weights function (jfa.variants.forward_weights: f(x) / (C k), O taking
+    C k) gets that function and its C in a compiled Gluon kernel too: the interpreter's tests cannot see it (there
+    SCORE is another kind of function object), and a wrong C would scale O silently on the GPU alone."""
+    script = tmp_path / "probe.py"
+    script.write_text(r'''
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from jfa import variants
+
+@gluon.jit
+def probe(out, x, k, SCORE: gl.constexpr, C: gl.constexpr):
+    gl.static_assert(variants.weight_coeff(SCORE) == C)
+    v = gl.load(x)
+    if C != 0.0:
+        v = variants.forward_weights(SCORE)(v, k, True)
+    gl.store(out, v)
+
+for name, fn in variants.ACTIVATIONS.items():
+    C = {"gelu_tanh": 0.5, "identity": 1.0}.get(name, 0.0)
+    sig = {"out": "*fp32", "x": "*fp32", "k": "fp32", "SCORE": "constexpr", "C": "constexpr"}
+    src = GluonASTSource(fn=probe, signature=sig, constexprs={"SCORE": fn, "C": C})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1)).asm["ptx"]
+    print(name, ptx.count("tanh.approx"))
+''')
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    tanhs = dict(line.split() for line in res.stdout.strip().splitlines())
+    assert tanhs == {name: "1" if name == "gelu_tanh" else "0" for name in tanhs} and len(tanhs) >= 7, res.stdout
