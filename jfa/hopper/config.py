@@ -269,10 +269,11 @@ TOGETHER = ("softmax", "silu", "relu", "relu2", "identity")
 
 
 def for_problem(cfg, p: Problem):
-    """A config chosen by shape (FwdConfig, DkdvConfig), as this problem runs it: with HSTU's mask, no posted_items
-    (the forms that post were timed without the mask; a posted record carries its fields, ItemOperands.post); a one
-    pass with dP^T beside S^T only for the TOGETHER score functions without HSTU's mask (else serial)."""
-    if p.targets and cfg.posted_items:
+    """A config chosen by shape (FwdConfig, DkdvConfig), as this problem runs it: with HSTU's mask, a dK/dV form posts
+    no records (those forms were timed without the mask; a record carries the mask's fields, ItemOperands.post; the
+    forward posts them with the mask as without); a one pass with dP^T beside S^T only for the TOGETHER score
+    functions without HSTU's mask (else serial)."""
+    if p.targets and cfg.posted_items and isinstance(cfg, DkdvConfig):
         cfg = dataclasses.replace(cfg, posted_items=False)
     if isinstance(cfg, DkdvConfig) and cfg.one_pass and not cfg.serial and (p.targets or p.activation not in TOGETHER):
         cfg = dataclasses.replace(cfg, serial=True)
