@@ -54,6 +54,24 @@ def test_gate_rejects_a_wrong_provider():
     assert report.provider_status(r["wrong-scale"]).startswith("WRONG (d")  # worst: a gradient
 
 
+def test_gate_checks_leading_heads_of_a_sequence_over_its_budget(monkeypatch):
+    """A first sequence alone over the gate's budget (spike-32k's 32K keys on an 80 GB card) is checked on its leading
+    GQA groups: the reference runs on those heads, the provider on the whole batch with the other heads' upstream
+    gradient zero; a wrong provider is still caught."""
+    w = suite.Workload("spike", "self", batch=3, max_len=40, dist="file", heads_q=4, heads_kv=2, head_dim=16,
+                       window=(-1, 0), lengths=(40, 3, 7))
+    monkeypatch.setattr(runner, "GATE_BUDGET", 4 * 40 * 40 // 2)  # half the first sequence's heads
+    inp = suite.make_inputs(w, device="cpu", dtype=torch.float32)
+    assert runner.gate_prefix(inp, runner.GATE_BUDGET) == 1 and runner.gate_heads(inp, 1) == 2
+    monkeypatch.setattr(runner, "GATE_BUDGET", 4 * 40 * 40 // 4)  # a quarter: still one whole group of two
+    assert runner.gate_heads(inp, 1) == 2
+    res = runner.run_workload(w, [Jfa("reference", explicit=True), WrongScale()], "cpu", cpu_reps=1)
+    assert res["gate"] == {"sequences": 1, "heads": 2}
+    r = res["results"]
+    assert r["jfa-reference"]["correct"] is True
+    assert r["wrong-scale"]["correct"] is False
+
+
 @pytest.mark.interpreter
 def test_gate_on_a_prefix_broadcast_with_triton():
     """The interpreter's Triton kernels pass the gate on a prefix of a broadcast batch."""

@@ -52,8 +52,9 @@ HOST_BOUND = 1.10  # do_bench forward / GPU busy forward above which the forward
 HOST_SHARE = 0.5  # ... where the host's issue time a call is at least this share of the GPU busy time
 
 
-def gate_prefix(inp: Inputs, budget: int = GATE_BUDGET, max_seqs: int = GATE_SEQS) -> int:
-    """How many leading sequences the correctness gate checks."""
+def gate_prefix(inp: Inputs, budget: int | None = None, max_seqs: int = GATE_SEQS) -> int:
+    """How many leading sequences the correctness gate checks (within GATE_BUDGET by default)."""
+    budget = GATE_BUDGET if budget is None else budget
     cost = (inp.q_lens * inp.kv_lens * inp.workload.heads_q).tolist()
     n, total = 0, 0
     for c in cost:
@@ -61,6 +62,20 @@ def gate_prefix(inp: Inputs, budget: int = GATE_BUDGET, max_seqs: int = GATE_SEQ
             break
         n, total = n + 1, total + c
     return max(n, min(1, inp.batch))
+
+
+def gate_heads(inp: Inputs, n: int, budget: int | None = None) -> int:
+    """How many leading query heads the gate checks on its n sequences: all, unless one sequence alone is over the
+    budget (spike-32k's 32K keys: the reference's float32 scores and their gradients, ~20 bytes a pair, did not fit
+    an H100's 80 GB with 4 heads); then the fewest whole GQA groups within it, one group at least. Not with a
+    relative bias (its tables' gradients sum over the heads)."""
+    budget = GATE_BUDGET if budget is None else budget
+    hq, hk = inp.q.shape[1], inp.k.shape[1]
+    cost = int((inp.q_lens[:n] * inp.kv_lens[:n]).sum()) * hq
+    if n != 1 or cost <= budget or inp.tables:
+        return hq
+    group = hq // hk
+    return group * max(1, budget * hk // cost)
 
 
 def _run_reference(inp: Inputs, dtype, like=None):
@@ -109,27 +124,32 @@ def run_provider_once(fn, inp: Inputs, dout=None, forward_only=False):
     return [out.detach()] + grads
 
 
-def check(fn, inp: Inputs, ref, n: int | None = None, forward_only=False) -> dict:
+def check(fn, inp: Inputs, ref, n: int | None = None, forward_only=False, heads: int | None = None) -> dict:
     """The gate (see module doc): {"correct": bool, "errors": {name: [err, tol]}}.
 
     fn runs on the whole batch (one build, one compile, the inputs that are timed); the upstream gradient is
-    zero past the first n sequences, so out, dk, dv of those sequences and dq (also in broadcast mode, where
-    it sums over the batch) depend on them alone and compare with ``ref = reference_results(inp.prefix(n))``.
+    zero past the first n sequences and the first `heads` query heads (gate_heads; default all), so out, dk, dv
+    of those and dq (also in broadcast mode, where it sums over the batch) depend on them alone and compare with
+    ``ref = reference_results(inp.prefix(n, heads))``.
     A forward-only provider (serving) is checked on out alone.
     """
     n = inp.batch if n is None else n
     truth, torch_err = ref
     rows, kv_rows = int(inp.q_offsets[n]), int(inp.kv_offsets[n])
+    hq = inp.q.shape[1] if heads is None else heads
+    hk = hq * inp.k.shape[1] // inp.q.shape[1]
     dout = inp.dout
-    if n < inp.batch:
+    if n < inp.batch or hq < inp.q.shape[1]:
         dout = dout.clone()
         dout[rows:] = 0
+        dout[:, hq:] = 0
     got = run_provider_once(fn, inp, dout, forward_only)
     cut = [rows, inp.q.shape[0] if inp.workload.broadcast else rows, kv_rows, kv_rows, None, None]
+    cut = [None if c is None else (slice(c), slice(h)) for c, h in zip(cut, (hq, hq, hk, hk, None, None))]
     eps = torch.finfo(inp.q.dtype).eps
     errors, ok = {}, True
     for name, x, c, t, e in zip(("out", "dq", "dk", "dv", "dposition", "dtime"), got, cut, truth, torch_err):
-        x = None if x is None else x[:c]
+        x = None if x is None else x[c] if c else x
         if x is None or tuple(x.shape) != tuple(t.shape):
             errors[name] = ["missing" if x is None else f"shape {tuple(x.shape)} != {tuple(t.shape)}", None]
             ok = False
@@ -313,7 +333,8 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
         floors = {f"floor_{ph}_ms": max(f / tflops / 1e9, b / gbs / 1e6)
                   for ph, f, b in (("fwd", fwd_flops, fwd_bytes), ("bwd", bwd_flops, bwd_bytes))}
     n = gate_prefix(inp)
-    gated = inp if n == inp.batch else inp.prefix(n)
+    heads = gate_heads(inp, n)
+    gated = inp if n == inp.batch and heads == inp.q.shape[1] else inp.prefix(n, heads)
     refs = {None: reference_results(gated)}  # and per provider.check_like (jfa-softmax, jfa-causal, jfa-nobias)
     results = {}
     for p in providers:
@@ -333,12 +354,12 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
                 refs[key] = reference_results(gated, like)
             forward_only = getattr(p, "forward_only", False)
             try:
-                verdict = check(fn, inp, refs[key], n, forward_only)
+                verdict = check(fn, inp, refs[key], n, forward_only, heads)
             except Exception as e:  # its backward may be what fails (Flex on a biased score): the forward alone
                 if forward_only:
                     raise
                 fn, forward_only = _without_autograd(fn), True
-                verdict = check(fn, inp, refs[key], n, forward_only)
+                verdict = check(fn, inp, refs[key], n, forward_only, heads)
                 res["note"] = f"backward failed ({_error_text(e)}): forward alone, without autograd"
             res["check"] = {"seqs": n, "batch": inp.batch, "errors": verdict["errors"]}
             res["correct"] = verdict["correct"]
@@ -359,7 +380,7 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
             _free(device)
     out = {"name": w.name, "spec": w.spec(), "pairs": int(fwd_flops / (4 * w.heads_q * w.head_dim)),
            "fwd_flops": fwd_flops, "bwd_flops": bwd_flops, "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes,
-           **floors, "results": results}
+           **floors, "gate": {"sequences": n, "heads": heads}, "results": results}
     out.update(ratios(results, {p.name: p.peer for p in providers if not p.yardstick}))
     del inp, refs
     _free(device)

@@ -361,15 +361,18 @@ class Inputs:
                         backend=backend, **self.score())
         return p.replace(**fields) if fields else p
 
-    def prefix(self, n: int) -> "Inputs":
-        """The first n sequences (a view of the same data, as new leaves): the correctness gate's subset."""
+    def prefix(self, n: int, heads: int | None = None) -> "Inputs":
+        """The first n sequences and the first `heads` query heads (whole GQA groups; default all), a copy of the same
+        data as new leaves: the correctness gate's subset."""
         qo, ko = int(self.q_offsets[n]), int(self.kv_offsets[n])
-        q = self.q if self.workload.broadcast else self.q[:qo]
+        hq = self.q.shape[1] if heads is None else heads
+        hk = hq * self.k.shape[1] // self.q.shape[1]
+        q = (self.q if self.workload.broadcast else self.q[:qo])[:, :hq]
         leaf = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
         q_offsets = self.q_offsets[:n + 1]
         kv_offsets = q_offsets if self.kv_offsets is self.q_offsets else self.kv_offsets[:n + 1]
-        return Inputs(self.workload, leaf(q), leaf(self.k[:ko]), leaf(self.v[:ko]), q_offsets, kv_offsets,
-                      self.q_lens[:n], self.kv_lens[:n], self.dout[:qo],
+        return Inputs(self.workload, leaf(q), leaf(self.k[:ko, :hk]), leaf(self.v[:ko, :hk]), q_offsets, kv_offsets,
+                      self.q_lens[:n], self.kv_lens[:n], self.dout[:qo, :hq],
                       None if self.num_targets is None else self.num_targets[:n], tuple(leaf(t) for t in self.tables),
                       None if self.timestamps is None else self.timestamps[:qo])
 
