@@ -72,6 +72,26 @@ def test_gate_checks_leading_heads_of_a_sequence_over_its_budget(monkeypatch):
     assert r["wrong-scale"]["correct"] is False
 
 
+def test_a_failed_reference_marks_its_workload_and_the_run_goes_on(monkeypatch):
+    """The gate's reference out of memory (spike-32k's on an H100, before gate_heads) stopped the whole run with no
+    results.json: now that workload's providers carry the error, untimed, and the next workload runs."""
+    small = dict(batch=2, max_len=12, dist="file", heads_q=1, heads_kv=1, head_dim=16, window=(-1, 0), lengths=(12, 5))
+    ws = [suite.Workload("oom", "self", **small), suite.Workload("fine", "self", **small)]
+    real = runner.reference_results
+
+    def reference(inp, like=None):
+        if inp.workload.name == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return real(inp, like)
+    monkeypatch.setattr(runner, "reference_results", reference)
+    data = runner.run(ws, [Jfa("reference", explicit=True), NotHere()], device="cpu", cpu_reps=1)
+    oom, fine = data["workloads"]
+    assert "reference failed: OutOfMemoryError" in oom["results"]["jfa-reference"]["error"]
+    assert "fwd_ms" not in oom["results"]["jfa-reference"] and oom["results"]["jfa-reference"]["correct"] is None
+    assert oom["results"]["not-here"] == {"skip": "not installed", "correct": None}
+    assert fine["results"]["jfa-reference"]["correct"] is True and fine["results"]["jfa-reference"]["fwd_ms"] > 0
+
+
 @pytest.mark.interpreter
 def test_gate_on_a_prefix_broadcast_with_triton():
     """The interpreter's Triton kernels pass the gate on a prefix of a broadcast batch."""

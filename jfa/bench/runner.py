@@ -335,7 +335,12 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
     n = gate_prefix(inp)
     heads = gate_heads(inp, n)
     gated = inp if n == inp.batch and heads == inp.q.shape[1] else inp.prefix(n, heads)
-    refs = {None: reference_results(gated)}  # and per provider.check_like (jfa-softmax, jfa-causal, jfa-nobias)
+    refs, ref_error = {}, None  # per provider.check_like (jfa-softmax, jfa-causal, jfa-nobias) too
+    try:
+        refs[None] = reference_results(gated)
+    except Exception as e:  # (out of memory): no provider can be checked, so none is timed; the run goes on
+        ref_error = f"the gate's reference failed: {_error_text(e)}"
+        _free(device)
     results = {}
     for p in providers:
         if progress:
@@ -345,6 +350,9 @@ def run_workload(w, providers, device, dtype=torch.bfloat16, progress=None, roof
             reason = p.skip_reason(inp)
             if reason:
                 res.update(skip=reason, correct=None)
+                continue
+            if ref_error:
+                res.update(error=ref_error, correct=None)
                 continue
             fn, extras = p.build(inp)
             res.update(extras)
