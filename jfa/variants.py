@@ -23,8 +23,8 @@ O = c P V (c: the out scale); G = f'(x), dS = f'(x) dP; dK and dQ take grad_scal
 
 The activations are one table, ACTIVATIONS: name -> one function of (x, FAST) returning (f(x), f'(x)), sharing
 what they share; a kernel that needs one of the two leaves the other to the compiler's dead-code elimination.
-Where folding the scale k (x = s k) into f's constants saves operations an element, an activation may also have the
-forward's own weights function, of (s, k, FAST), returning f(x) / (C k) (forward_weights, weight_coeff: O takes C k).
+Where folding the scale k (x = s k) into f's constants saves operations an element, an activation may also have a
+folded form, of (s, k, FAST), returning (f(x) / (C k), f'(x)) (folded, weight_coeff: O and dV take C k).
 FAST: tanh by the MUFU's tanh.approx (the GPU; max relative error ~2^-11, the bf16/fp16 operands' rounding is
 larger), else exactly (Triton's interpreter, which runs no PTX). sigmoid(x) = 0.5 + 0.5 tanh(x / 2): one MUFU
 operation per score, as softmax's exp2.
@@ -121,44 +121,58 @@ ACTIVATIONS = {"silu": silu, "gelu": gelu, "gelu_tanh": gelu_tanh, "relu": relu,
 SCORE_NAMES = ("softmax", *ACTIVATIONS)  # what the API takes as activation=
 
 
-# ---- the forward's own weights, where folding the scale k pays: f(s k) / (C k), O's factor C k (out_factor). (In
-# fp16 a weight overflows where |f(x)| > 65504 C k: |x| > ~2,900 for gelu_tanh, ~5,800 for identity at D=128.)
+# ---- the folded forms, where folding the scale k into f's constants pays: (f(s k) / (C k), f'(s k)), the forward's
+# and (fold_backward) the backward's (O and dV take the factor C k: out_factor, dv_factor). (In fp16 a weight overflows where |f(x)| > 65504 C k: |x| >
+# ~2,900 for gelu and gelu_tanh, ~5,800 for identity at D=128.)
 
 @triton.jit
-def gelu_tanh_weights(s, k, FAST: tl.constexpr):
-    """gelu_tanh(s k) / (k / 2) = s + s t, k in tanh's polynomial: 4 float32 operations an element, 6 as gelu_tanh's
-    f (its f' needs x: the backward keeps gelu_tanh, whose registers it was tuned for)."""
-    return s + s * _tanh(s * ((_C0 * k) + (_C0 * _C1 * k * k * k) * (s * s)), FAST)
+def gelu_tanh_folded(s, k, FAST: tl.constexpr):
+    """gelu_tanh(s k) / (k / 2) = s + s t, k in tanh's polynomial (4 float32 operations an element, 6 as gelu_tanh's
+    f); f' = e + x e' = e + (1 - t^2) x (c0 + 3 c0 c1 x^2) / 2, x's polynomial folded the same way (9, 12 as
+    gelu_tanh's (f, f'))."""
+    s2 = s * s
+    t = _tanh(s * ((_C0 * k) + (_C0 * _C1 * k * k * k) * s2), FAST)
+    de = s * ((0.5 * _C0 * k) + (1.5 * _C0 * _C1 * k * k * k) * s2)
+    return s + s * t, (0.5 + 0.5 * t) + (1.0 - t * t) * de
 
 
 @triton.jit
-def gelu_weights(s, k, FAST: tl.constexpr):
-    """gelu(s k) / (k / 2) = s + s t, k in the polynomial's coefficients: 7 float32 operations an element, 9 as gelu's
-    f."""
+def gelu_folded(s, k, FAST: tl.constexpr):
+    """gelu(s k) / (k / 2) = s + s t, k in the polynomial's coefficients (7 float32 operations an element, 9 as gelu's
+    f); f' = e + x exp(-x^2 / 2) / sqrt(2 pi), k folded into its factors too."""
     k2 = k * k
     s2 = s * s
     y = s * ((_G1 * k) + s2 * ((_G3 * k * k2) + s2 * ((_G5 * k * k2 * k2) + s2 * ((_G7 * k * k2 * k2 * k2) + s2 * (
         _G9 * k * k2 * k2 * k2 * k2)))))
-    return s + s * _tanh(y, FAST)
+    t = _tanh(y, FAST)
+    return s + s * t, (0.5 + 0.5 * t) + (s * tl.exp2(((-0.5 * LOG2E) * k2) * s2)) * (_RSQRT2PI * k)
 
 
 @triton.jit
-def identity_weights(s, k, FAST: tl.constexpr):
-    """identity(s k) / k."""
-    return s
+def identity_folded(s, k, FAST: tl.constexpr):
+    """identity(s k) / k = s; f' = 1."""
+    return s, tl.where(True, 1.0, s)
 
 
 @triton.constexpr_function
-def forward_weights(SCORE):
-    """The forward's own weights function of an activation (ACTIVATIONS' name -> a function of (s, k, FAST) returning
-    f(s k) / (C k)), or None: the forward then takes f of SCORE's function."""
-    return {"gelu": gelu_weights, "gelu_tanh": gelu_tanh_weights, "identity": identity_weights}.get(
+def folded(SCORE):
+    """An activation's folded form (ACTIVATIONS' name -> a function of (s, k, FAST) returning (f(s k) / (C k),
+    f'(s k))), or None: the kernels then take SCORE's (f, f') of x = s k."""
+    return {"gelu": gelu_folded, "gelu_tanh": gelu_tanh_folded, "identity": identity_folded}.get(
         getattr(SCORE, "__name__", ""))
 
 
 @triton.constexpr_function
+def fold_backward(HEAD_DIM):
+    """Whether the Hopper backward takes an activation's folded form (bwd_weights' and dv_factor's FOLD) at this head
+    dim: at D=64 the blocks are bound by their elementwise work (gelu_tanh's backward 3-6% faster folded, H100); at
+    D=128 the folded (f, f') spill beside the MMA accumulators (the one pass 380 -> 816 B; broadcast q 15% slower)."""
+    return HEAD_DIM <= 64
+
+
+@triton.constexpr_function
 def weight_coeff(SCORE):
-    """C of forward_weights' function (it returns f(x) / (C k)); 0 where there is none (softmax too)."""
+    """C of the folded form's weights (f(x) / (C k)); 0 where there is none (softmax too)."""
     return {"gelu": 0.5, "gelu_tanh": 0.5, "identity": 1.0}.get(getattr(SCORE, "__name__", ""), 0.0)
 
 
@@ -217,7 +231,7 @@ def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, E
     """One key block's scores s -> (P, the new state, alpha). Softmax: the online softmax in base 2 (state: row max
     of s and row sum; alpha: what to rescale the earlier sum by; FIRST: the first block, nothing summed before;
     EMPTY_ROWS: a row may have seen nothing yet, whose P and alpha must be 0, not NaN). An activation: f(s qk_scale)
-    (or its forward_weights: f / (C qk_scale)), the state passed through, alpha 1 (the rescale folds away)."""
+    (or its folded form's f / (C qk_scale)), the state passed through, alpha 1 (the rescale folds away)."""
     qk_scale = score[0]
     m_i, l_i = state
     if SCORE == SOFTMAX:
@@ -237,14 +251,14 @@ def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, E
         if weight_coeff(SCORE) == 0.0:
             p, _ = SCORE(s * qk_scale, FAST)
         else:
-            p = forward_weights(SCORE)(s, qk_scale, FAST)  # (out_factor puts C k on O)
+            p, _ = folded(SCORE)(s, qk_scale, FAST)  # (out_factor puts C k on O)
         return p, state, tl.where(True, 1.0, m_i)
 
 
 @triton.jit
 def out_factor(state, score, SCORE: tl.constexpr):
     """The rows' factor on the summed P V: softmax's 1 / row sum (1 for a row that saw no key: its O is 0), an
-    activation's out scale (times C k where the forward's weights are f(x) / (C k): forward_weights)."""
+    activation's out scale (times C k where the weights are f(x) / (C k): folded)."""
     m_i, l_i = state
     if SCORE == SOFTMAX:
         return 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
@@ -265,14 +279,17 @@ def lse(state, score):
 # ---- the backward
 
 @triton.jit
-def bwd_weights(s, lse2, score, SCORE: tl.constexpr, FAST: tl.constexpr = True):
+def bwd_weights(s, lse2, score, SCORE: tl.constexpr, FAST: tl.constexpr = True, FOLD: tl.constexpr = True):
     """A block's scores s -> (P, into dV; G, dP's factor in dS): softmax's P = exp2(s qk_scale - lse2) (lse2 = log2(e)
-    LSE broadcast to s's shape; G unused, P again), an activation's (f, f')(s qk_scale) (lse2 unread, None)."""
+    LSE broadcast to s's shape; G unused, P again), an activation's (f, f')(s qk_scale) (lse2 unread, None), or its
+    folded form's where it has one and FOLD (dv_factor then takes the same FOLD; see fold_backward)."""
     if SCORE == SOFTMAX:
         p = tl.exp2(s * score[0] - lse2)
         return p, p
-    else:
+    elif (weight_coeff(SCORE) == 0.0) or (not FOLD):
         return SCORE(s * score[0], FAST)
+    else:
+        return folded(SCORE)(s, score[0], FAST)  # (dv_factor puts C k on dV)
 
 
 @triton.jit
@@ -296,8 +313,20 @@ def dscores(p, dp, g, delta, SCORE: tl.constexpr):
 
 
 @triton.jit
-def dv_factor(score, SCORE: tl.constexpr):
-    """dV's factor: an activation's constant out scale (dK's and dQ's is grad_scale), 1 for softmax (folds away)."""
+def dv_factor(score, SCORE: tl.constexpr, FOLD: tl.constexpr = True):
+    """dV's factor: an activation's constant out scale (times C k where bwd_weights, with the same FOLD, took the folded
+    form's f(x) / (C k); dK's and dQ's is grad_scale), 1 for softmax (folds away)."""
+    if SCORE == SOFTMAX:
+        return 1.0
+    elif (weight_coeff(SCORE) == 0.0) or (not FOLD):
+        return score[1]
+    else:
+        return score[1] * (weight_coeff(SCORE) * score[0])
+
+
+@triton.jit
+def out_scale(score, SCORE: tl.constexpr):
+    """An activation's constant out scale, 1 for softmax: the factor of dS in dL/dscore (beside the scale)."""
     if SCORE == SOFTMAX:
         return 1.0
     else:

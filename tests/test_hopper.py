@@ -313,7 +313,7 @@ def test_hopper_activations(activation, mode):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mode", ["causal", "cross", "broadcast-causal-gqa", "window"])
-@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "identity"])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "gelu", "identity"])
 def test_hopper_activations_d64(activation, mode, dtype):
     case = make_case(**dict(dict(hq=4, hkv=4), **MODES[mode]), d=64, dtype=dtype, device="cuda", seed=12,
                      activation=activation, out_scale=0.01)
@@ -334,6 +334,21 @@ def test_hopper_activation_forms(mode, route, form):
                      seed=13, activation="silu", out_scale=1 / 128)
     out, lse, grads = run_kernels(case, lambda p: hopper.forward(p, cfg),
                                   lambda *args: hopper.backward(*args, plan=plan), "hopper")
+    failures = compare(case, out, lse, grads)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("route", list(config.DqRoute), ids=lambda r: r.name.lower())
+@pytest.mark.parametrize("mode", ["causal", "gqa", "broadcast"])
+def test_hopper_folded_backward_d64_routes(mode, route):
+    """gelu_tanh at D=64, whose backward takes its folded form (jfa.variants.fold_backward: dV takes C k), through
+    every dQ route (handed in)."""
+    if route == config.DqRoute.DIRECT and MODES[mode].get("broadcast_lq"):
+        pytest.skip("broadcast q never takes the direct route")
+    case = make_case(**dict(dict(hq=4, hkv=4), **MODES[mode]), d=64, dtype=torch.bfloat16, device="cuda", seed=14,
+                     activation="gelu_tanh", out_scale=0.01)
+    out, lse, grads = run_kernels(case, hopper.forward, lambda *args: hopper.backward(*args, plan=_plan(route, 64)),
+                                  "hopper")
     failures = compare(case, out, lse, grads)
     assert not failures, "\n".join(failures)
 

@@ -111,35 +111,37 @@ ACTIVATIONS = list(jfa.variants.ACTIVATIONS)
 
 
 @triton.jit
-def _score_elements(x_ptr, f_ptr, g_ptr, w_ptr, k, N: tl.constexpr, SCORE: tl.constexpr):
+def _score_elements(x_ptr, f_ptr, g_ptr, w_ptr, h_ptr, k, N: tl.constexpr, SCORE: tl.constexpr):
     offs = tl.arange(0, N)
     s = tl.load(x_ptr + offs)
     f, g = SCORE(s * k, False)
     tl.store(f_ptr + offs, f)
     tl.store(g_ptr + offs, g)
     if jfa.variants.weight_coeff(SCORE) != 0.0:
-        w = jfa.variants.forward_weights(SCORE)(s, k, False)
+        w, h = jfa.variants.folded(SCORE)(s, k, False)
         tl.store(w_ptr + offs, w * (jfa.variants.weight_coeff(SCORE) * k))
+        tl.store(h_ptr + offs, h)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_score_functions_elementwise(activation):
-    """Each activation's (f, f') and the forward's own weights times C k (jfa.variants.forward_weights) on scores x =
+    """Each activation's (f, f') and its folded form's (weights times C k, f'; jfa.variants.folded) on scores x =
     s k from -11.6 to 11.6 (k = 128^-0.5), against the reference's float64 (f, f'): float32's error (the interpreter's
     tanh is exact; measured <= 1.5e-6 and 4.4e-6 of 1 + |x|, the fitted gelu the largest)."""
     n, k = 4096, 128 ** -0.5
     s = torch.linspace(-131.0, 131.0, n + 1, dtype=torch.float32)[1:]  # (no score at exactly 0: relu's kink)
-    f, g, w = (torch.full_like(s, float("nan")) for _ in range(3))
-    _score_elements[(1, )](s, f, g, w, k, N=n, SCORE=jfa.variants.ACTIVATIONS[activation])
+    f, g, w, h = (torch.full_like(s, float("nan")) for _ in range(4))
+    _score_elements[(1, )](s, f, g, w, h, k, N=n, SCORE=jfa.variants.ACTIVATIONS[activation])
     ref_f, ref_g = jfa.reference.ACTIVATIONS[activation]
     x = s.double() * k
     scale = 1.0 + x.abs()
     assert ((f.double() - ref_f(x)).abs() / scale).max() < 5e-6, activation
     assert ((g.double() - ref_g(x)).abs() / scale).max() < 1e-5, activation
-    if activation in ("gelu", "gelu_tanh", "identity"):  # (the forward's own weights)
+    if activation in ("gelu", "gelu_tanh", "identity"):  # (the folded form's weights and f')
         assert ((w.double() - ref_f(x)).abs() / scale).max() < 5e-6, activation
+        assert ((h.double() - ref_g(x)).abs() / scale).max() < 1e-5, activation
     else:
-        assert w.isnan().all()
+        assert w.isnan().all() and h.isnan().all()
 
 
 @pytest.mark.parametrize("activation,mode", each_once(ACTIVATIONS, CPU_MODES, "silu", "causal"))

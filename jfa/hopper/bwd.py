@@ -158,7 +158,7 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
     c.kv_ops.release(t)  # K/V read for the last time: the producer may load the next item's
     store_rows(grads.dk.head(tile.head), grads.dk.stride_t, (dk * grads.score[2]).to(dtype), k0, tile.kv_start,
                tile.kv_len)
-    dv = dv * variants.dv_factor(grads.score, c.shape.SCORE)
+    dv = dv * variants.dv_factor(grads.score, c.shape.SCORE, FOLD=variants.fold_backward(dv.type.shape[1]))
     store_rows(grads.dv.head(tile.head), grads.dv.stride_t, dv.to(dtype), k0, tile.kv_start, tile.kv_len)
     return it
 

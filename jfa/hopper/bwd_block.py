@@ -141,7 +141,7 @@ def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
     else:
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
-    pt, gt = variants.bwd_weights(st, lse2, grads.score, SCORE)
+    pt, gt = variants.bwd_weights(st, lse2, grads.score, SCORE, FOLD=variants.fold_backward(dv.type.shape[1]))
     if MASKED:  # keys past the sequence's end only feed dK/dV rows that are never stored: not tested
         vis = gl.expand_dims(in_q, 0) & visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq,
                                                 c.batch.rule, QUERIES=False, KEYS=False, KEY_MAJOR=True)
@@ -242,7 +242,8 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
     else:
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-    pt, gt = variants.bwd_weights(st, lse2, c.grads.score, SCORE)
+    pt, gt = variants.bwd_weights(st, lse2, c.grads.score, SCORE,
+                                    FOLD=variants.fold_backward(dv.type.shape[1]))
     if MASKED:
         offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
         vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq, c.batch.rule, KEY_MAJOR=True)

@@ -148,7 +148,8 @@ def _dq_block(tile, n0, it, dq, qdo, kv, batch, grads, offs_m, stats, band, s_ze
     s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dp = warpgroup_mma(do_buf, v_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-    p, g = variants.bwd_weights(s, stats[0], grads.score, SCORE)  # (an activation's P is not needed: dead)
+    # (an activation's P is not needed: dead)
+    p, g = variants.bwd_weights(s, stats[0], grads.score, SCORE, FOLD=variants.fold_backward(dq.type.shape[1]))
     if (n0 < full_lo) | (n0 >= full_hi):  # edge block: zero the pairs a row may not see
         key = gl.expand_dims(n0 + gl.arange(0, s_zero.shape[1], layout=s_cols), 0)
         p, g = variants.mask_grads(p, g, visible(gl.expand_dims(offs_m, 1), key, tile.seq, batch.rule), SCORE)

@@ -140,7 +140,7 @@ def _dq_blocks(dq, b_q, b_do, stats, kv, offs_m, start, end, seq, rule, score, b
             b_p, b_g = variants.mask_grads(b_p, b_g, visible(offs_m[:, None], o_n[None, :], seq, rule), SCORE)
         b_ds = variants.dscores(b_p, mma(b_do, b_vt, FORM), b_g, stats[1], SCORE)  # (an activation: no P)
         if bias is not None:  # dL/dscore: dS, times an activation's constant out scale
-            rel.add_grads(bias, at[0], pairs, b_ds * variants.dv_factor(score, SCORE), FAST)
+            rel.add_grads(bias, at[0], pairs, b_ds * variants.out_scale(score, SCORE), FAST)
         dq += mma(b_ds.to(b_k.dtype), b_k, FORM)
         p_k = tl.advance(p_k, (FORM.block_n, 0))
         p_vt = tl.advance(p_vt, (0, FORM.block_n))
