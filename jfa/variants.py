@@ -122,8 +122,8 @@ SCORE_NAMES = ("softmax", *ACTIVATIONS)  # what the API takes as activation=
 
 
 # ---- the folded forms, where folding the scale k into f's constants pays: (f(s k) / (C k), f'(s k)), the forward's
-# and (fold_backward) the backward's (O and dV take the factor C k: out_factor, dv_factor). (In fp16 a weight overflows where |f(x)| > 65504 C k: |x| >
-# ~2,900 for gelu and gelu_tanh, ~5,800 for identity at D=128.)
+# and (fold_backward) the backward's (O and dV take the factor C k: out_factor, dv_factor). (In fp16 a weight
+# overflows where |f(x)| > 65504 C k: |x| > ~2,900 for gelu and gelu_tanh, ~5,800 for identity at D=128.)
 
 @triton.jit
 def gelu_tanh_folded(s, k, FAST: tl.constexpr):
@@ -258,14 +258,12 @@ def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, E
 @triton.jit
 def out_factor(state, score, SCORE: tl.constexpr):
     """The rows' factor on the summed P V: softmax's 1 / row sum (1 for a row that saw no key: its O is 0), an
-    activation's out scale (times C k where the weights are f(x) / (C k): folded)."""
+    activation's out scale (times C k where the weights are f(x) / (C k): folded), dV's factor (dv_factor)."""
     m_i, l_i = state
     if SCORE == SOFTMAX:
         return 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
-    elif weight_coeff(SCORE) == 0.0:
-        return tl.where(True, score[1], l_i)
-    else:
-        return tl.where(True, score[1] * (weight_coeff(SCORE) * score[0]), l_i)
+    else:  # (the forward always takes the folded form where there is one)
+        return tl.where(True, dv_factor(score, SCORE), l_i)
 
 
 @triton.jit
