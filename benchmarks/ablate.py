@@ -76,6 +76,8 @@ ABLATIONS = {
          "                                             DIRECT=DIRECT, idle=idle)",
          "                    c.qdo.wait(blk.it)\n"
          "                    c.qdo.release(blk.it)"),
+        # (the item's last deferred dQ would wait for a dS^T that no block published: the kernel hung)
+        ("hopper/bwd.py", "                    deferred_dq(c, d.stage, it - 1, t)", "                    pass"),
         _NO_WRITER, _NO_QUEUE_WRITER]),
     "tanh as ex2": ("nothing of the activations' work but MUFU.TANH's rate: tanh.approx becomes ex2.approx (one MUFU "
                     "operation each; silu, gelu_tanh and sigmoid compute wrong values), forward and backward", [
@@ -138,6 +140,9 @@ def build(names, into: Path) -> dict:
     return dirs
 
 
+WARM_S = 240  # a copy's first call: its kernels' compile (in parallel with the others') and one run
+
+
 def _run(cmd, path: Path, timeout: int, **env) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(path), **env)  # (run in path: no other jfa ahead of the copy)
     try:
@@ -183,11 +188,15 @@ def _passes(only: str, part: str, *extra) -> list:
 
 def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> dict:
     """(ablation, workload) -> [ms per round] of passes.py's part. Every copy is compiled first, in parallel (one
-    call each)."""
+    call each, WARM_S at most: an ablation whose kernel hangs, a protocol it broke, is dropped there). Each time is
+    printed as it comes, so that a run cut short by the device's limit still leaves its numbers."""
     line = re.compile(r"^(\S+)\s+" + re.escape(part) + r" ([\d.]+) ms")
     with ThreadPoolExecutor(len(dirs)) as pool:
-        warm = dict(zip(dirs, pool.map(lambda d: _run(_passes(only, part, "--calls", "1"), d, 500),
+        warm = dict(zip(dirs, pool.map(lambda d: _run(_passes(only, part, "--calls", "1"), d, WARM_S),
                                        dirs.values())))
+    for name, w in warm.items():
+        if w.returncode != 0:
+            print(f"{name}: FAILED to run (rc {w.returncode}): {w.stderr.strip()[-600:]}", flush=True)
     times = {}
     for r in range(rounds):
         for name, d in dirs.items():
@@ -198,11 +207,9 @@ def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> d
                 m = line.match(text)
                 if m:
                     times.setdefault((name, m.group(1)), []).append(float(m.group(2)))
+                    print(f"round {r + 1}: {name} / {m.group(1)} {m.group(2)} ms", flush=True)
             if out.returncode != 0:
                 print(f"{name}: round {r + 1} rc {out.returncode}: {out.stderr.strip()[-300:]}", flush=True)
-    for name, w in warm.items():
-        if w.returncode != 0:
-            print(f"{name}: FAILED to run (rc {w.returncode}): {w.stderr.strip()[-600:]}", flush=True)
     return times
 
 
