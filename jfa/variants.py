@@ -176,6 +176,13 @@ def weight_coeff(SCORE):
     return {"gelu": 0.5, "gelu_tanh": 0.5, "identity": 1.0}.get(getattr(SCORE, "__name__", ""), 0.0)
 
 
+@triton.constexpr_function
+def takes_folded(SCORE, FOLD=True):
+    """Whether a kernel takes SCORE's folded form: it has one, and FOLD (the backward's: fold_backward). The weights
+    (weights, bwd_weights) and the factor that undoes C k (out_factor, dv_factor) ask the same question."""
+    return bool(FOLD) and weight_coeff(SCORE) != 0.0
+
+
 def score_fn(activation: str):
     """The kernels' SCORE constexpr of a score function's name."""
     return SOFTMAX if activation == "softmax" else ACTIVATIONS[activation]
@@ -248,10 +255,10 @@ def weights(s, state, score, SCORE: tl.constexpr, FIRST: tl.constexpr = False, E
             l_i = l_i * alpha + tl.sum(p, 1)
         return p, (m_new, l_i), alpha
     else:
-        if weight_coeff(SCORE) == 0.0:
-            p, _ = SCORE(s * qk_scale, FAST)
-        else:
+        if takes_folded(SCORE):
             p, _ = folded(SCORE)(s, qk_scale, FAST)  # (out_factor puts C k on O)
+        else:
+            p, _ = SCORE(s * qk_scale, FAST)
         return p, state, tl.where(True, 1.0, m_i)
 
 
@@ -284,10 +291,10 @@ def bwd_weights(s, lse2, score, SCORE: tl.constexpr, FAST: tl.constexpr = True, 
     if SCORE == SOFTMAX:
         p = tl.exp2(s * score[0] - lse2)
         return p, p
-    elif (weight_coeff(SCORE) == 0.0) or (not FOLD):
-        return SCORE(s * score[0], FAST)
-    else:
+    elif takes_folded(SCORE, FOLD):
         return folded(SCORE)(s, score[0], FAST)  # (dv_factor puts C k on dV)
+    else:
+        return SCORE(s * score[0], FAST)
 
 
 @triton.jit
@@ -314,12 +321,10 @@ def dscores(p, dp, g, delta, SCORE: tl.constexpr):
 def dv_factor(score, SCORE: tl.constexpr, FOLD: tl.constexpr = True):
     """dV's factor: an activation's constant out scale (times C k where bwd_weights, with the same FOLD, took the folded
     form's f(x) / (C k); dK's and dQ's is grad_scale), 1 for softmax (folds away)."""
-    if SCORE == SOFTMAX:
-        return 1.0
-    elif (weight_coeff(SCORE) == 0.0) or (not FOLD):
-        return score[1]
-    else:
+    if takes_folded(SCORE, FOLD):
         return score[1] * (weight_coeff(SCORE) * score[0])
+    else:
+        return out_scale(score, SCORE)
 
 
 @triton.jit
