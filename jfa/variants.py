@@ -312,7 +312,10 @@ def dscores(p, dp, g, delta, SCORE: tl.constexpr):
     """dS of a block from P, dP = dO V^T and G: softmax's P (dP - Delta) (delta broadcast to p's shape; 0 wherever P
     is), an activation's G dP (delta unread, None)."""
     if SCORE == SOFTMAX:
-        return p * (dp - delta)
+        if delta is None:  # (dp already holds dP - Delta: the Hopper one pass's dP^T accumulator starts at -Delta)
+            return p * dp
+        else:
+            return p * (dp - delta)
     else:
         return g * dp
 

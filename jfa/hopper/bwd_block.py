@@ -231,13 +231,15 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
     st_layout: gl.constexpr = mma_layout(BLOCK_M)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
-    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    if not c.shape.SERIAL:  # dP^T beside S^T: the exponentials overlap this consumer's dP^T
-        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    lse2 = None  # the rows' statistics where the score has them, from shared memory (RowStats)
-    delta = None
+    lse2 = None  # the rows' LSE (and beside S^T Delta) where the score has them, from shared memory (RowStats), read
+    delta = None  # before S^T's issue: their latency under S^T's MMAs
     if variants.has_lse(SCORE):
         lse2 = gl.expand_dims(d.stats.read(it, q_cols, 0), 0)
+        if not c.shape.SERIAL:
+            delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
+    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if not c.shape.SERIAL:  # dP^T beside S^T: the exponentials overlap this consumer's dP^T
+        dpt = _dpt(c, d, it, v_buf, do_buf, st_zero, delta)
     if c.shape.SERIAL:
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
     else:
@@ -256,24 +258,34 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
     # stores (waited for below; the 32-row forms spilled more with it: 48-108 -> 96-164 B)
     DV_LATE: gl.constexpr = BLOCK_M == WG_ROWS
     if c.shape.SERIAL and DV_LATE:
-        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt = _dpt(c, d, it, v_buf, do_buf, st_zero, None)
     dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
     if DV_LATE:
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
     else:
-        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt = _dpt(c, d, it, v_buf, do_buf, st_zero, None)
         done = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt, pt_op))
         dv, dpt = done[0], done[1]
-    if variants.has_lse(SCORE):  # Delta read where it is used: read beside LSE it lived through the exp phase and
-        # both MMAs (16 registers a thread), and the D=128 one pass spilled 932 B with 4 reloads a block (now 428, none
-        # in its block loops)
-        delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
-    dst = variants.dscores(pt, dpt, gt, delta, SCORE).to(dtype)
+    dst = variants.dscores(pt, dpt, gt, None, SCORE).to(dtype)  # (dP^T - Delta: _dpt)
     stage.claim_ds(it)
     stage.ds_buffer(it, WG).store(dst)
     if DV_LATE:  # (an accumulator in flight may not leave: one_pass_block branches on idle)
         dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))[0]
     return dv, dst
+
+
+@gluon.jit
+def _dpt(c, d, it, v_buf, do_buf, zero, delta):
+    """dP^T = V dO^T of block it, issued; where the score has Delta (delta, or read here if None), on an accumulator
+    holding -Delta, so that dS^T = P^T (dP^T - Delta) is one product an element and Delta's shared-memory read comes
+    before the MMA (read after dP^T's wait, at its use, its latency was ~10% of a consumer's stall samples: ncu)."""
+    if variants.has_lse(c.shape.SCORE):
+        if delta is None:
+            q_cols: gl.constexpr = gl.SliceLayout(0, zero.type.layout)
+            delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
+        init = zero - delta
+        return warpgroup_mma(v_buf, do_buf.permute((1, 0)), init, use_acc=True, is_async=True)
+    return warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
