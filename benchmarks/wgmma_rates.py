@@ -11,7 +11,8 @@ model of the one pass (session 42) says yes; this measures it.
 Each form: CTAS_PER_SM CTAs an SM (one warpgroup each, so the SM's tensor cores always have a warpgroup's MMAs to
 run), each ITERS times dS-like products acc[64, N] += A[64, 128] B[128, N] (bf16, float32 accumulate), A from
 shared memory (ss) or registers (rs), B from shared memory; "+sts" also stores a [64, 64] float32 tile into shared
-memory each iteration (16 KB, without bank conflicts: a dQ chunk's staging). One line a form: TFLOP/s, the share of torch.matmul's dense
+memory each iteration (16 KB, without bank conflicts: a dQ chunk's staging), "+sts4" four (64 KB: where the store
+alone needs 512 cycles at 128 B a cycle, 256 at 256, beside the MMAs' 256 cycles at their peak). One line a form: TFLOP/s, the share of torch.matmul's dense
 rate (8192^3 bf16, this run), and the bytes through shared memory a FLOP of MMA.
 """
 import argparse
@@ -25,19 +26,22 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 K = gl.constexpr(128)
 CTAS_PER_SM = 4
-# name -> (N, A from registers, store a float32 [64, 64] tile each iteration)
+# name -> (N, A from registers, float32 [64, 64] tiles stored each iteration)
 FORMS = {
-    "ss n64": (64, False, False),
-    "rs n64": (64, True, False),
-    "ss n128": (128, False, False),
-    "rs n128": (128, True, False),
-    "ss n64 +sts": (64, False, True),
-    "rs n64 +sts": (64, True, True),
+    "ss n64": (64, False, 0),
+    "rs n64": (64, True, 0),
+    "ss n128": (128, False, 0),
+    "rs n128": (128, True, 0),
+    "ss n64 +sts": (64, False, 1),
+    "rs n64 +sts": (64, True, 1),
+    "ss n64 +sts4": (64, False, 4),
+    "rs n64 +sts4": (64, True, 4),
 }
 
 
 @gluon.jit
 def _mma_loop(out_ptr, iters, N: gl.constexpr, RS: gl.constexpr, STORE: gl.constexpr):
+    """STORE: float32 [64, 64] tiles stored into shared memory an iteration (0: none)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16])
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, K], gl.bfloat16)
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, K], gl.bfloat16)
@@ -61,8 +65,8 @@ def _mma_loop(out_ptr, iters, N: gl.constexpr, RS: gl.constexpr, STORE: gl.const
         a = a_s
     for i in range(iters):
         acc = warpgroup_mma(a, b_s.permute((1, 0)), acc, is_async=True)
-        if STORE:
-            stage.store(tile + i)  # (i: a new value each time, so the store stays in the loop)
+        for k in gl.static_range(STORE):  # (i + k: a new value each time, so the stores stay in the loop)
+            stage.store(tile + (i + k))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, N, layout=gl.SliceLayout(0, acc_layout))
@@ -114,7 +118,7 @@ def measure(iters: int, rep_ms: int) -> int:
         ms = do_bench(lambda: _launch(form, ctas, iters, out), rep=rep_ms)
         tflops = 2 * 64 * n * K.value * iters * ctas / (ms * 1e-3) / 1e12
         k = K.value
-        smem = (0 if rs else 64 * k * 2) + n * k * 2 + (64 * 64 * 4 if sts else 0)
+        smem = (0 if rs else 64 * k * 2) + n * k * 2 + 64 * 64 * 4 * sts
         print(f"{form:<12} {tflops:7.1f} TFLOP/s  {tflops / peak:6.1%} of matmul  "
               f"{smem / (2 * 64 * n * K):.3f} B of shared memory a FLOP")
     return 0

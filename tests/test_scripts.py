@@ -40,23 +40,26 @@ def test_mufu_chains_compile_to_one_operation_an_iteration():
 
 def test_wgmma_forms_compile_to_the_products_they_time():
     """benchmarks/wgmma_rates.py --check: each form's loop compiles for sm_90 to wgmma of its N (64 x N x 16), with A
-    loaded into registers (ldmatrix) exactly in the rs forms, and a store into shared memory more than its plain form
-    exactly in the +sts forms (so the rates it reports are of those operands)."""
+    loaded into registers (ldmatrix) exactly in the rs forms, and one or four tiles' stores into shared memory an
+    iteration in the +sts and +sts4 forms (so the rates it reports are of those operands)."""
     script = Path(__file__).parents[1] / "benchmarks" / "wgmma_rates.py"
     res = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True,
                          env=dict(os.environ, TRITON_INTERPRET="0"), timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     forms = {name.strip(): ast.literal_eval(counts) for name, counts in
              (line.split(" SASS: ") for line in res.stdout.strip().splitlines())}
-    assert set(forms) == {"ss n64", "rs n64", "ss n128", "rs n128", "ss n64 +sts", "rs n64 +sts"}, forms
+    assert set(forms) == {"ss n64", "rs n64", "ss n128", "rs n128", "ss n64 +sts", "rs n64 +sts", "ss n64 +sts4",
+                          "rs n64 +sts4"}, forms
     for name, counts in forms.items():
         n = name.split()[1][1:]
         assert [op for op in counts if op.startswith("HGMMA")] == [f"HGMMA.64x{n}x16"], (name, counts)
         assert ("LDSM.16.M88.4" in counts) == name.startswith("rs"), (name, counts)
         assert "STL" not in counts and "LDL" not in counts, (name, counts)
     for a in ("ss", "rs"):
-        plain, stored = forms[f"{a} n64"], forms[f"{a} n64 +sts"]  # (the operands' setup stores alike in both)
-        assert stored["STS.128"] > plain["STS.128"], (a, plain, stored)
+        plain, one, four = forms[f"{a} n64"], forms[f"{a} n64 +sts"], forms[f"{a} n64 +sts4"]
+        # (the operands' setup stores alike in all three; the loops hold one and four tiles' stores)
+        assert plain["STS.128"] < one["STS.128"] < four["STS.128"], (a, plain, one, four)
+        assert four["STS.128"] - plain["STS.128"] == 4 * (one["STS.128"] - plain["STS.128"]), (a, one, four)
 
 
 def test_gpu_suite_shards_split_it_whole():
