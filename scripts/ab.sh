@@ -9,7 +9,8 @@
 # Every line is tagged with its tree (OTHER's folder name, or "this"); compare within one call only (machines differ
 # by up to ~10%). Before the rounds, every tree's kernels for these workloads compile in parallel (AB_JOBS processes
 # at once, default 4: each calls the parts once, untimed; a cold Hopper kernel takes one core 5-30 s, and the trees'
-# first rounds compiled them one after another); the rounds then load them from Triton's cache.
+# first rounds compiled them one after another); the rounds then load them from Triton's cache. At the end, each
+# workload's means over the rounds and each tree's change against this checkout (scripts/ab_summary.py).
 set -uo pipefail
 source scripts/lib.sh
 others=${1:?usage: scripts/ab.sh OTHER[,OTHER...] WORKLOADS [PARTS] [ROUNDS]}
@@ -34,4 +35,6 @@ for r in $(seq "$rounds"); do
       sed "s/^/$(basename "$other") /"
   done
   step 280 $PY benchmarks/passes.py --only "$only" --parts "$parts" | sed 's/^/this  /'
-done
+done | tee "$OUT/ab-rounds.txt"
+echo "== means over the rounds (scripts/ab_summary.py)"
+$PY scripts/ab_summary.py "$OUT/ab-rounds.txt"

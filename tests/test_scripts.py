@@ -226,5 +226,20 @@ def test_ab_compiles_every_tree_before_the_timed_rounds(tmp_path):
     warm = {c for c in calls if c.endswith("--calls 1")}
     assert warm == {f"{tree} {tree}/benchmarks/passes.py --only {w} --parts one pass --calls 1"
                     for tree in (".ab/x", ".") for w in ("w1", "w2")}, calls
-    assert all(c.endswith("--calls 1") for c in calls[:4]) and len(calls) == 4 + 2 * 2, calls
-    assert [line.split()[0] for line in res.stdout.splitlines() if "timed" in line] == ["x", "this"] * 2, res.stdout
+    assert all(c.endswith("--calls 1") for c in calls[:4]) and len(calls) == 4 + 2 * 2 + 1, calls
+    assert calls[-1] == f"this scripts/ab_summary.py {tmp_path / 'out' / 'ab-rounds.txt'}", calls  # the means, last
+    timed = [line.split()[0] for line in res.stdout.splitlines() if "timed" in line]
+    assert timed[:4] == ["x", "this"] * 2, res.stdout
+
+
+def test_ab_summary_means_each_tree_against_this():
+    """scripts/ab_summary.py: per workload and part, each tree's mean over its rounds and its change against this
+    checkout's mean (parts with spaces in their names, other lines ignored)."""
+    import runpy
+    summary = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "ab_summary.py"))["summary"]
+    lines = ["x w1  one pass 2.000 ms 100 TF/s", "this  w1  one pass 4.000 ms 50 TF/s", "== rc 0 (limit 280s): x",
+             "x w1  one pass 4.000 ms 50 TF/s", "this  w1  one pass 4.000 ms 50 TF/s", "x w2  backward (default) 1.100 ms"]
+    out = summary(lines)
+    assert out[0].split() == ["w1", "one", "pass", "x", "3.000", "-25.0%", "(2.000,", "4.000)", "|", "this", "4.000",
+                              "(4.000,", "4.000)"], out
+    assert out[1].split()[:6] == ["w2", "backward", "(default)", "x", "1.100", "(1.100)"], out

@@ -1,0 +1,48 @@
+"""usage: python scripts/ab_summary.py AB_OUTPUT...   (or scripts/ab.sh ... | python scripts/ab_summary.py)
+
+scripts/ab.sh's lines ("TREE WORKLOAD PART MS ms ...", one a round) summed up: per workload and part, this checkout's
+mean time and each other tree's mean with its change against it, the rounds' times beside (compare within one
+call only)."""
+import collections
+import re
+import sys
+
+LINE = re.compile(r"^(\S+)\s+(\S+)\s+(.+?)\s+([\d.]+) ms\b")
+
+
+def summary(lines) -> list[str]:
+    times = collections.defaultdict(list)  # (workload, part) -> tree -> [ms]
+    trees = []
+    for line in lines:
+        m = LINE.match(line)
+        if not m:
+            continue
+        tree, workload, part, ms = m.group(1), m.group(2), m.group(3).strip(), float(m.group(4))
+        times[(workload, part)].append((tree, ms))
+        if tree not in trees:
+            trees.append(tree)
+    out = []
+    for (workload, part), rows in times.items():
+        by_tree = collections.defaultdict(list)
+        for tree, ms in rows:
+            by_tree[tree].append(ms)
+        base = by_tree.get("this")
+        mean = {t: sum(v) / len(v) for t, v in by_tree.items()}
+        cells = []
+        for t in trees:
+            if t not in by_tree:
+                continue
+            change = f" {100 * (mean[t] / mean['this'] - 1):+.1f}%" if base and t != "this" else ""
+            cells.append(f"{t} {mean[t]:.3f}{change} ({', '.join(f'{x:.3f}' for x in by_tree[t])})")
+        out.append(f"{workload:<22} {part:<20} " + " | ".join(cells))
+    return out
+
+
+def main(argv) -> int:
+    lines = [line for path in argv for line in open(path)] if argv else sys.stdin.readlines()
+    print("\n".join(summary(lines)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
