@@ -84,7 +84,7 @@ def _launch(form, ctas, iters, out=None):
     return out
 
 
-def check(iters: int) -> int:
+def check() -> int:
     """Compile every form for sm_90a and count its SASS operations in the loop (no GPU)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -111,16 +111,16 @@ def measure(iters: int, rep_ms: int) -> int:
           f"torch.matmul 8192^3 bf16: {peak:.0f} TFLOP/s")
     for form, (n, rs, sts) in FORMS.items():
         out = _launch(form, ctas, iters)
-        expect = K.value / 64 / 64 * iters  # every product 128 x (1/64)^2, ITERS times
-        got = out.view(ctas, 64, n)[:, :, :].float()
-        base = got - (got.flatten()[0] - expect) if sts else got  # (+sts adds its tile's sum to every element)
-        assert torch.allclose(base, torch.full_like(base, expect), rtol=1e-3), f"{form}: wrong products"
-        ms = do_bench(lambda: _launch(form, ctas, iters, out), rep=rep_ms)
-        tflops = 2 * 64 * n * K.value * iters * ctas / (ms * 1e-3) / 1e12
         k = K.value
+        # every product k x (1/64)^2, iters times; +sts adds its last tile's sum (4,096 elements of iters + sts - 1)
+        expect = k / 64 / 64 * iters + (64 * 64 * (iters + sts - 1) if sts else 0)
+        got = out.view(ctas, 64, n)
+        assert torch.equal(got, torch.full_like(got, expect)), f"{form}: wrong products"
+        ms = do_bench(lambda: _launch(form, ctas, iters, out), rep=rep_ms)
+        tflops = 2 * 64 * n * k * iters * ctas / (ms * 1e-3) / 1e12
         smem = (0 if rs else 64 * k * 2) + n * k * 2 + 64 * 64 * 4 * sts
         print(f"{form:<12} {tflops:7.1f} TFLOP/s  {tflops / peak:6.1%} of matmul  "
-              f"{smem / (2 * 64 * n * K):.3f} B of shared memory a FLOP")
+              f"{smem / (2 * 64 * n * k):.3f} B of shared memory a FLOP")
     return 0
 
 
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=int, default=100)
     p.add_argument("--check", action="store_true", help="compile each form for sm_90 (no GPU)")
     args = p.parse_args(argv)
-    return check(args.iters) if args.check else measure(args.iters, args.rep_ms)
+    return check() if args.check else measure(args.iters, args.rep_ms)
 
 
 if __name__ == "__main__":
