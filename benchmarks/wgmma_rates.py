@@ -22,7 +22,7 @@ import sys
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 K = gl.constexpr(128)
 CTAS_PER_SM = 4
@@ -57,6 +57,7 @@ def _mma_loop(out_ptr, iters, N: gl.constexpr, RS: gl.constexpr, STORE: gl.const
         stage = gl.allocate_shared_memory(gl.float32, [64, 64], stage_layout)
     tile_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
     tile = gl.full([64, 64], 1.0, gl.float32, layout=tile_layout)
+    fence_async_shared()  # (the generic proxy's stores made visible to wgmma's reads: the async proxy)
     gl.thread_barrier()
     acc = gl.full([64, N], 0.0, gl.float32, layout=acc_layout)
     if RS:
@@ -115,7 +116,8 @@ def measure(iters: int, rep_ms: int) -> int:
         # every product k x (1/64)^2, iters times; +sts adds its last tile's sum (4,096 elements of iters + sts - 1)
         expect = k / 64 / 64 * iters + (64 * 64 * (iters + sts - 1) if sts else 0)
         got = out.view(ctas, 64, n)
-        assert torch.equal(got, torch.full_like(got, expect)), f"{form}: wrong products"
+        assert torch.equal(got, torch.full_like(got, expect)), \
+            f"{form}: wrong products ({got.min().item()}..{got.max().item()}, expected {expect})"
         ms = do_bench(lambda: _launch(form, ctas, iters, out), rep=rep_ms)
         tflops = 2 * 64 * n * k * iters * ctas / (ms * 1e-3) / 1e12
         smem = (0 if rs else 64 * k * 2) + n * k * 2 + 64 * 64 * 4 * sts
