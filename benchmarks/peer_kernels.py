@@ -5,6 +5,7 @@ same FLOPs, the table says which resource it uses better: read it before buildin
 one pass moving 3.3x NVIDIA HSTU's DRAM bytes this way, and the work queue came of it).
 
     python benchmarks/peer_kernels.py --only WORKLOAD [--providers jfa,fa4] [--out DIR] [--set full]
+    python benchmarks/peer_kernels.py --only WORKLOAD --stalls fwd      (the stall lines of the longest kernel named *fwd*)
     python benchmarks/peer_kernels.py --only WORKLOAD --providers P --calls 2      (the profiled program itself)
 
 Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call between the
@@ -103,7 +104,7 @@ def table(raw_csv: str, provider: str) -> tuple[list[str], list[str]]:
     return out, extra
 
 
-def profile(only: str, provider: str, out: Path, section_set: str) -> tuple[list[str], list[str]]:
+def profile(only: str, provider: str, out: Path, section_set: str, stalls: str = "") -> tuple[list[str], list[str]]:
     # the report and its raw page in the temporary folder (tens of MB: more than the device tool brings back)
     rep = Path(tempfile.gettempdir()) / f"peer-{only}-{provider}"
     cmd = ["ncu", "--set", section_set, "--import-source", "no", "--clock-control", "none",
@@ -116,22 +117,31 @@ def profile(only: str, provider: str, out: Path, section_set: str) -> tuple[list
                          text=True).stdout
     Path(f"{rep}.csv").write_text(raw)
     rows, extra = table(raw, provider)
-    return rows, extra + stall_lines(f"{rep}.ncu-rep", raw, provider, out)
+    return rows, extra + stall_lines(f"{rep}.ncu-rep", raw, provider, out, stalls)
 
 
-def stall_lines(report: str, raw_csv: str, provider: str, out: Path, n: int = 12) -> list[str]:
-    """scripts/ncu_lines.py's top lines (where the warps wait) of the provider's longest kernel."""
+def longest_kernel(raw_csv: str, pick: str = "") -> str | None:
+    """The name of the longest kernel of a raw page, among those whose name matches the regex pick ("": all)."""
     rows = list(csv.reader(raw_csv.splitlines()))
     if len(rows) < 3:
-        return []
+        return None
     head, body = rows[0], rows[2:]
     at, name_at = head.index("gpu__time_duration.sum"), head.index("Kernel Name")
-    longest = max(body, key=lambda r: float(r[at].replace(",", "") or 0))[name_at]
+    body = [r for r in body if re.search(pick, r[name_at])]
+    return max(body, key=lambda r: float(r[at].replace(",", "") or 0))[name_at] if body else None
+
+
+def stall_lines(report: str, raw_csv: str, provider: str, out: Path, pick: str = "", n: int = 12) -> list[str]:
+    """scripts/ncu_lines.py's top lines (where the warps wait) of the provider's longest kernel whose name matches
+    pick."""
+    longest = longest_kernel(raw_csv, pick)
+    if longest is None:
+        return [f"{provider}: no kernel named like {pick!r}"]
     base = re.sub(r"[^A-Za-z0-9_].*", "", longest)  # (demangled names carry templates and arguments)
     src = subprocess.run(["ncu", "-i", report, "--page", "source", "--csv", "--print-source", "sass",
                           "--kernel-name", f"regex:{re.escape(base)}", "--launch-count", "1"],
                          capture_output=True, text=True).stdout
-    path = out / (Path(report).stem + ".source.csv")
+    path = out / (Path(report).stem + (f"-{pick}" if pick else "") + ".source.csv")
     path.write_text(src)
     top = subprocess.run([sys.executable, str(ROOT / "scripts" / "ncu_lines.py"), str(path), str(n)],
                          capture_output=True, text=True)
@@ -145,6 +155,8 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, help="(the profiled program) calls of one provider, the last profiled")
     p.add_argument("--set", default="full", help="ncu's section set (default full)")
     p.add_argument("--out", default=os.environ.get("OUT", "peer-out"))
+    p.add_argument("--stalls", default="", help="the stall lines of the longest kernel whose name matches this "
+                   "regex (default: the longest kernel)")
     args = p.parse_args(argv)
     if args.calls:
         calls(args.only, args.providers, args.calls)
@@ -156,7 +168,7 @@ def main(argv=None) -> int:
              "|---|---|" + "---|" * len(COLUMNS)]
     extras = []
     for provider in args.providers.split(","):
-        rows, extra = profile(args.only, provider, out, args.set)
+        rows, extra = profile(args.only, provider, out, args.set, args.stalls)
         lines += rows
         extras += extra
         print("\n".join(rows), flush=True)

@@ -104,6 +104,10 @@ def test_peer_kernels_table_reads_ncu_raw_pages():
     assert dict(zip(titles, [c.strip() for c in rows[1].strip("|").split("|")][2:]))["ms"] == "0.08"
     assert any("issue_active" in line for line in extra)
     assert peer["table"]('"ID"\n""', "fa4")[0] == ["| fa4 | (no kernel profiled) |"]
+    # the kernel whose stall lines are read: the longest, or the longest of those named like --stalls
+    assert peer["longest_kernel"](raw) == "hopper_dkdv_kernel"
+    assert peer["longest_kernel"](raw, "delta") == "delta_kernel"
+    assert peer["longest_kernel"](raw, "fwd") is None
 
 
 def test_triton_cache_travels_whole_or_not_at_all(tmp_path, monkeypatch):
