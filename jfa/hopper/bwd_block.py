@@ -297,7 +297,17 @@ def deferred_dq(c, stage, it, t):
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, t, c.WG, c.kv_ops, stage, BLOCK_M), ))
     stage.free_ds(it)
-    stage.put(c.WG, it, dq * c.grads.score[2], BLOCK_M < WG_ROWS)
+    stage.put(c.WG, it, staged_dq(dq, c.grads, BLOCK_M), BLOCK_M < WG_ROWS)
+
+
+@gluon.jit
+def staged_dq(dq, grads, BLOCK_M: gl.constexpr):
+    """A dQ chunk as staged for the reduce: 64-row blocks' (DkdvConfig.dq_xor) without grad_scale, which
+    jfa.hopper.dq_reduce.dq_from_acc applies once a row as it casts (32 FMUL a thread a block off the consumers'
+    path); the 32-row forms' accumulator is cast by torch, so theirs take it here."""
+    if BLOCK_M == WG_ROWS:
+        return dq
+    return dq * grads.score[2]
 
 
 @gluon.jit
@@ -325,5 +335,5 @@ def _block_dq(c, stage, blk, tile, want_dq, DIRECT: gl.constexpr):
     else:  # one chunk: the consumers take the blocks in turn
         if it % 2 == WG:
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, 0, c.kv_ops, stage, BLOCK_M), ))
-            stage.put(WG, it // 2, dq * grads.score[2], BLOCK_M < WG_ROWS)
+            stage.put(WG, it // 2, staged_dq(dq, grads, BLOCK_M), BLOCK_M < WG_ROWS)
         stage.free_ds(it)
