@@ -51,6 +51,11 @@ def test_dq_from_acc_undoes_the_staged_layout(lengths, d, offsets_dtype):
     into = torch.randn(dq.shape, generator=gen)
     got = dq_from_acc(acc, offsets, torch.float32, into=into.clone())
     torch.testing.assert_close(got, into + dq, rtol=0, atol=0)
+    # grad_scale applied as it casts (the blocks stage dQ without it: jfa.hopper.bwd_block.staged_dq); a power of
+    # two keeps the products exact
+    torch.testing.assert_close(dq_from_acc(acc, offsets, torch.float32, 0.125), dq * 0.125, rtol=0, atol=0)
+    got = dq_from_acc(acc, offsets, torch.float32, 0.125, into=into.clone())
+    torch.testing.assert_close(got, into + dq * 0.125, rtol=0, atol=0)
 
 
 def test_dq_from_acc_of_broadcast_slab():
@@ -58,3 +63,4 @@ def test_dq_from_acc_of_broadcast_slab():
     dq = torch.randn(131, 2, 128, generator=torch.Generator().manual_seed(3))
     acc = _staged(dq, torch.zeros(131, dtype=torch.int64))
     torch.testing.assert_close(dq_from_acc(acc, None, torch.float32), dq, rtol=0, atol=0)
+    torch.testing.assert_close(dq_from_acc(acc, None, torch.float32, 0.5), dq * 0.5, rtol=0, atol=0)

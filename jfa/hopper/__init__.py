@@ -10,6 +10,7 @@ import torch
 
 from ..bwd_common import delta, scaled_rows, sum_broadcast_dq, zero_keyless_rows
 from ..jagged import UNBOUNDED
+from ..variants import score_args
 from ..problem import Problem
 from .config import BwdPlan, DqRoute, FwdConfig, bwd_classes
 
@@ -81,7 +82,7 @@ def backward(p: Problem, out, lse, dout, dlse, plan: BwdPlan | None = None):
     if plan.dq is not None:
         dq_pass(p, dout, lse, d, dq, plan.dq, plan.skip_kv)
     if plan.dkdv.dq_xor:  # (its columns permuted by row: jfa.hopper.dq_reduce)
-        return dq_from_acc(dq, None if p.broadcast else p.q_offsets, q.dtype), dk, dv
+        return dq_from_acc(dq, None if p.broadcast else p.q_offsets, q.dtype, score_args(p)[2]), dk, dv
     return sum_broadcast_dq(dq, q, batch, p.broadcast), dk, dv
 
 
@@ -106,7 +107,7 @@ def _backward_by_class(p: Problem, out, lse, dout, dlse, classes):
             acc = torch.zeros(dq.shape, device=q.device, dtype=torch.float32)
             dkdv(p, dout, lse, d, dk, dv, plan.dkdv, acc, kv_range)
             if plan.dkdv.dq_xor:
-                dq_from_acc(acc, p.q_offsets, dq.dtype, into=dq)
+                dq_from_acc(acc, p.q_offsets, dq.dtype, score_args(p)[2], into=dq)
             else:
                 dq.add_(acc)
         else:

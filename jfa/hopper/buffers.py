@@ -135,7 +135,7 @@ class RowStats:
     @gluon.jit
     def put(self, it, LSE, DELTA, row0, rows):
         """Producer (1 warp), between ring.claim(it) and ring.issue(it): rows [row0, row0 + BLOCK_M) of LSE
-        (times log2 e) and DELTA, zero past `rows`."""
+        (times log2 e) and -DELTA (dP^T's accumulator starts at it: bwd_block._dpt), zero past `rows`."""
         BLOCK_M: gl.constexpr = self.buf.shape[1]
         layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
         offs = row0 + gl.arange(0, BLOCK_M, layout=layout)
@@ -143,13 +143,13 @@ class RowStats:
         delta = gl.load(DELTA + offs, mask=offs < rows, other=0.0)
         slot = it % self.STAGES
         self.buf.index(2 * slot).store(lse * LOG2E)
-        self.buf.index(2 * slot + 1).store(delta)
+        self.buf.index(2 * slot + 1).store(-delta)
         # every lane's stores before the one elected lane's arrive on the ready barrier (which releases them)
         gl.thread_barrier()
 
     @gluon.jit
     def read(self, it, layout: gl.constexpr, which: gl.constexpr):
-        """Consumer (after the ring's wait): block `it`'s log2 e * LSE (which 0) or Delta (1) in `layout` (each read
+        """Consumer (after the ring's wait): block `it`'s log2 e * LSE (which 0) or -Delta (1) in `layout` (each read
         where it is used: held together they are 32 registers a thread at D=128)."""
         return self.buf.index(2 * (it % self.STAGES) + which).load(layout)
 

@@ -231,15 +231,15 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
     st_layout: gl.constexpr = mma_layout(BLOCK_M)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
-    lse2 = None  # the rows' LSE (and beside S^T Delta) where the score has them, from shared memory (RowStats), read
-    delta = None  # before S^T's issue: their latency under S^T's MMAs
+    lse2 = None  # the rows' LSE (and beside S^T -Delta) where the score has them, from shared memory (RowStats),
+    neg_delta = None  # read before S^T's issue: their latency under S^T's MMAs
     if variants.has_lse(SCORE):
         lse2 = gl.expand_dims(d.stats.read(it, q_cols, 0), 0)
         if not c.shape.SERIAL:
-            delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
+            neg_delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
     st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     if not c.shape.SERIAL:  # dP^T beside S^T: the exponentials overlap this consumer's dP^T
-        dpt = _dpt(c, d, it, v_buf, do_buf, st_zero, delta)
+        dpt = _dpt(c, d, it, v_buf, do_buf, st_zero, neg_delta)
     if c.shape.SERIAL:
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
     else:
@@ -275,15 +275,17 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
 
 
 @gluon.jit
-def _dpt(c, d, it, v_buf, do_buf, zero, delta):
-    """dP^T = V dO^T of block it, issued; where the score has Delta (delta, or read here if None), on an accumulator
-    holding -Delta, so that dS^T = P^T (dP^T - Delta) is one product an element and Delta's shared-memory read comes
-    before the MMA (read after dP^T's wait, at its use, its latency was ~10% of a consumer's stall samples: ncu)."""
+def _dpt(c, d, it, v_buf, do_buf, zero, neg_delta):
+    """dP^T = V dO^T of block it, issued; where the score has Delta (neg_delta: -Delta as RowStats holds it, or read
+    here if None), on an accumulator holding -Delta, so that dS^T = P^T (dP^T - Delta) is one product an element and
+    Delta's shared-memory read comes before the MMA (read after dP^T's wait, at its use, its latency was ~10% of a
+    consumer's stall samples: ncu). Stored negated, it is only copied into the accumulator (zero - Delta negated
+    16 values a thread a block)."""
     if variants.has_lse(c.shape.SCORE):
-        if delta is None:
+        if neg_delta is None:
             q_cols: gl.constexpr = gl.SliceLayout(0, zero.type.layout)
-            delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
-        init = zero - delta
+            neg_delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
+        init = gl.broadcast(neg_delta, zero)[0]
         return warpgroup_mma(v_buf, do_buf.permute((1, 0)), init, use_acc=True, is_async=True)
     return warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
 
@@ -297,7 +299,17 @@ def deferred_dq(c, stage, it, t):
     BLOCK_M: gl.constexpr = c.shape.BLOCK_M
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, t, c.WG, c.kv_ops, stage, BLOCK_M), ))
     stage.free_ds(it)
-    stage.put(c.WG, it, dq * c.grads.score[2], BLOCK_M < WG_ROWS)
+    stage.put(c.WG, it, staged_dq(dq, c.grads, BLOCK_M), BLOCK_M < WG_ROWS)
+
+
+@gluon.jit
+def staged_dq(dq, grads, BLOCK_M: gl.constexpr):
+    """A dQ chunk as staged for the reduce: 64-row blocks' (DkdvConfig.dq_xor) without grad_scale, which
+    jfa.hopper.dq_reduce.dq_from_acc applies once a row as it casts (32 FMUL a thread a block off the consumers'
+    path); the 32-row forms' accumulator is cast by torch, so theirs take it here."""
+    if BLOCK_M == WG_ROWS:
+        return dq
+    return dq * grads.score[2]
 
 
 @gluon.jit
@@ -325,5 +337,5 @@ def _block_dq(c, stage, blk, tile, want_dq, DIRECT: gl.constexpr):
     else:  # one chunk: the consumers take the blocks in turn
         if it % 2 == WG:
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_chunk(it, blk.t, 0, c.kv_ops, stage, BLOCK_M), ))
-            stage.put(WG, it // 2, dq * grads.score[2], BLOCK_M < WG_ROWS)
+            stage.put(WG, it // 2, staged_dq(dq, grads, BLOCK_M), BLOCK_M < WG_ROWS)
         stage.free_ds(it)

@@ -245,9 +245,9 @@ def _drain_item(tile, it, prev, shape, dq_desc, stage):
 
 
 @triton.jit
-def _dq_from_acc_kernel(ACC, DQ, q_offsets, batch, rows, row_elems, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
-                        SEARCH_STEPS: tl.constexpr, ADD: tl.constexpr):
-    """DQ[row, c] (+)= ACC[row, c ^ (8 * phase)], phase = (row - its sequence's first row) % 8, in [BLOCK_R rows,
+def _dq_from_acc_kernel(ACC, DQ, q_offsets, batch, rows, row_elems, scale, BLOCK_R: tl.constexpr,
+                        BLOCK_G: tl.constexpr, SEARCH_STEPS: tl.constexpr, ADD: tl.constexpr):
+    """DQ[row, c] (+)= scale ACC[row, c ^ (8 * phase)], phase = (row - its sequence's first row) % 8, in [BLOCK_R rows,
     BLOCK_G groups, 8] tiles (each group's 32 bytes one vector); the sequence found by jfa.schedule.ends_before over
     q_offsets[1:]; with SEARCH_STEPS 0, one sequence from row 0 (broadcast q's slab)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -261,16 +261,18 @@ def _dq_from_acc_kernel(ACC, DQ, q_offsets, batch, rows, row_elems, BLOCK_R: tl.
     dst = base + g[None, :, None] * XOR_GROUP + e[None, None, :]
     src = base + (g[None, :, None] ^ phase[:, None, None]) * XOR_GROUP + e[None, None, :]
     keep = (r[:, None, None] < rows) & (g[None, :, None] * XOR_GROUP < row_elems)
-    x = tl.load(ACC + src, mask=keep, other=0.0)
+    x = tl.load(ACC + src, mask=keep, other=0.0) * scale
     if ADD:
         x += tl.load(DQ + dst, mask=keep, other=0.0).to(tl.float32)
     tl.store(DQ + dst, x.to(DQ.dtype.element_ty), mask=keep)
 
 
-def dq_from_acc(acc: torch.Tensor, q_offsets: torch.Tensor | None, dtype: torch.dtype, into=None) -> torch.Tensor:
+def dq_from_acc(acc: torch.Tensor, q_offsets: torch.Tensor | None, dtype: torch.dtype, scale: float = 1.0,
+                into=None) -> torch.Tensor:
     """dQ in `dtype` from a float32 accumulator [rows, H, D] reduce-added by 64-row blocks (DkdvConfig.dq_xor),
-    its groups put back in order; q_offsets: the sequences' first rows (blocks start at them), None for broadcast
-    q's slab (blocks from row 0). into: a tensor of dtype to add it into (returned), else a new one."""
+    its groups put back in order and times scale (the blocks stage dQ without grad_scale: bwd_block.staged_dq);
+    q_offsets: the sequences' first rows (blocks start at them), None for broadcast q's slab (blocks from row 0).
+    into: a tensor of dtype to add it into (returned), else a new one."""
     rows = acc.shape[0]
     row_elems = acc[0].numel() if rows else 0
     out = torch.empty(acc.shape, device=acc.device, dtype=dtype) if into is None else into
@@ -281,6 +283,6 @@ def dq_from_acc(acc: torch.Tensor, q_offsets: torch.Tensor | None, dtype: torch.
     block_r, block_g = 16, min(32, triton.next_power_of_2(groups))
     grid = (triton.cdiv(rows, block_r), triton.cdiv(groups, block_g))
     launch(_dq_from_acc_kernel, grid, acc, out, acc if q_offsets is None else q_offsets, batch, rows, row_elems,
-           BLOCK_R=block_r, BLOCK_G=block_g, SEARCH_STEPS=0 if q_offsets is None else batch.bit_length() + 1,
+           float(scale), BLOCK_R=block_r, BLOCK_G=block_g, SEARCH_STEPS=0 if q_offsets is None else batch.bit_length() + 1,
            ADD=into is not None)
     return out
