@@ -87,6 +87,14 @@ ABLATIONS = {
     "fwd no exp": ("softmax's exponential in the forward (P = the scaled S minus the row max; with --part forward)", [
         ("variants.py", "p = tl.exp2(s * qk_scale - tl.expand_dims(m_scaled, 1))",
          "p = s * qk_scale - tl.expand_dims(m_scaled, 1)")]),
+    "fwd no pingpong": ("the two consumers' hand-off of the tensor cores in the forward (FlashAttention-3's ping-pong: "
+                        "each issues its MMAs without waiting for its turn; with --part forward)", [
+        ("hopper/fwd.py", "    if PINGPONG:\n        gl.inline_asm_elementwise(_turn_asm",
+         "    if False:\n        gl.inline_asm_elementwise(_turn_asm")]),
+    "fwd no rescale": ("softmax's rescale of O by alpha in the forward's block loop (O comes out wrong; with --part "
+                       "forward)", [
+        ("hopper/fwd.py", "        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)",
+         "        pass")]),
     "fwd no O store": ("the forward's O and LSE stores (the math stays: a store whose test no row passes; with "
                        "--part forward)", [
         ("hopper/fwd.py", "    if row0 < tile.q_len:\n        _store(",
