@@ -26,7 +26,9 @@ def main():
     with open(sys.argv[1], errors="replace") as f:
         rows = list(csv.reader(f))
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 30
-    head_at = next(i for i, r in enumerate(rows) if "Warp Stall Sampling (All Samples)" in r)
+    head_at = next((i for i, r in enumerate(rows) if "Warp Stall Sampling (All Samples)" in r), None)
+    if head_at is None:  # (a kernel built without line info, or a page of another kind: HSTU's CUDA kernels)
+        sys.exit(f"{sys.argv[1]}: no 'Warp Stall Sampling' column (a source page of {len(rows)} rows)")
     head, body = rows[head_at], rows[head_at + 1:]
     samples, executed, sass = (head.index(c) for c in ("Warp Stall Sampling (All Samples)", "Instructions Executed",
                                                          "Source"))
