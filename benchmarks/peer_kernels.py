@@ -5,7 +5,7 @@ same FLOPs, the table says which resource it uses better: read it before buildin
 one pass moving 3.3x NVIDIA HSTU's DRAM bytes this way, and the work queue came of it).
 
     python benchmarks/peer_kernels.py --only WORKLOAD [--providers jfa,fa4] [--out DIR] [--set full]
-    python benchmarks/peer_kernels.py --only WORKLOAD --stalls fwd      (the stall lines of the longest kernel named *fwd*)
+    python benchmarks/peer_kernels.py --only WORKLOAD --stalls fwd      (the longest *fwd* kernel's stall lines)
     python benchmarks/peer_kernels.py --only WORKLOAD --providers P --calls 2      (the profiled program itself)
 
 Each provider runs in its own ncu process: a warm-up call (compiles, autotunes), then one call between the

@@ -12,8 +12,9 @@ Each form: CTAS_PER_SM CTAs an SM (one warpgroup each, so the SM's tensor cores 
 run), each ITERS times dS-like products acc[64, N] += A[64, 128] B[128, N] (bf16, float32 accumulate), A from
 shared memory (ss) or registers (rs), B from shared memory; "+sts" also stores a [64, 64] float32 tile into shared
 memory each iteration (16 KB, without bank conflicts: a dQ chunk's staging), "+sts4" four (64 KB: where the store
-alone needs 512 cycles at 128 B a cycle, 256 at 256, beside the MMAs' 256 cycles at their peak). One line a form: TFLOP/s, the share of torch.matmul's dense
-rate (8192^3 bf16, this run), and the bytes through shared memory a FLOP of MMA.
+alone needs 512 cycles at 128 B a cycle, 256 at 256, beside the MMAs' 256 cycles at their peak). One line a form:
+TFLOP/s, the share of torch.matmul's dense rate (8192^3 bf16, this run), and the bytes through shared memory a FLOP
+of MMA.
 """
 import argparse
 import re

@@ -242,7 +242,8 @@ def test_ab_summary_means_each_tree_against_this():
     import runpy
     summary = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "ab_summary.py"))["summary"]
     lines = ["x w1  one pass 2.000 ms 100 TF/s", "this  w1  one pass 4.000 ms 50 TF/s", "== rc 0 (limit 280s): x",
-             "x w1  one pass 4.000 ms 50 TF/s", "this  w1  one pass 4.000 ms 50 TF/s", "x w2  backward (default) 1.100 ms"]
+             "x w1  one pass 4.000 ms 50 TF/s", "this  w1  one pass 4.000 ms 50 TF/s",
+             "x w2  backward (default) 1.100 ms"]
     out = summary(lines)
     assert out[0].split() == ["w1", "one", "pass", "x", "3.000", "-25.0%", "(2.000,", "4.000)", "|", "this", "4.000",
                               "(4.000,", "4.000)"], out

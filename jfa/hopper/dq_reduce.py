@@ -282,7 +282,7 @@ def dq_from_acc(acc: torch.Tensor, q_offsets: torch.Tensor | None, dtype: torch.
     groups = row_elems // XOR_GROUP.value
     block_r, block_g = 16, min(32, triton.next_power_of_2(groups))
     grid = (triton.cdiv(rows, block_r), triton.cdiv(groups, block_g))
+    search_steps = 0 if q_offsets is None else batch.bit_length() + 1
     launch(_dq_from_acc_kernel, grid, acc, out, acc if q_offsets is None else q_offsets, batch, rows, row_elems,
-           float(scale), BLOCK_R=block_r, BLOCK_G=block_g, SEARCH_STEPS=0 if q_offsets is None else batch.bit_length() + 1,
-           ADD=into is not None)
+           float(scale), BLOCK_R=block_r, BLOCK_G=block_g, SEARCH_STEPS=search_steps, ADD=into is not None)
     return out
