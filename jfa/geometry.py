@@ -3,7 +3,9 @@ many blocks an item walks, which blocks need no mask, and the mask itself. Plain
 by the schedule kernel (jfa.schedule), the portable Triton kernels (jfa.triton.kernels) and the Gluon kernels
 (jfa.hopper); the spec they implement is jfa.jagged's visibility rule, and tests/test_schedule.py checks them
 against it. Together with jfa.variants (what a visible pair contributes) this is the seam a new attention variant
-changes (docs/hopper.md, "Adding an attention variant").
+changes (docs/hopper.md, "Adding an attention variant"). HSTU's mask's own helpers are jfa.targets, which the
+dispatchers here call for rule.KIND == TARGETS; the ones that compose it with the window's (a history tile's causal
+window) are here.
 
 Two tuples carry what the mask needs, so that a mask with more parameters changes where they are made (mask_rule,
 sequence), not the kernels that pass them through:
@@ -20,7 +22,7 @@ sequence), not the kernels that pass them through:
                 seeing the whole history (rule.FULL: F > 0, a constexpr); its rows are the sequence's keys, and
                 with rule.LAST_ROWS (cross-attention: serving, HSTU's cached attention) the queries are the last Lq
                 of them, query i at row i + shift (bottom-right); without it (self-attention) shift is a constant 0,
-                so that self-attention's kernels compile as if no shift existed (_rows)
+                so that self-attention's kernels compile as if no shift existed (jfa.targets.rows)
   seq         one sequence's values (sequence): its lengths (Lq, Lk), and with TARGETS its targets (Lq, Lk, T)
 
 Glossary (all kernels):
@@ -40,6 +42,8 @@ are key_range and key_blocks called that way, and the backward's schedule is bui
 import triton
 import triton.language as tl
 from triton.language.core import _aggregate as aggregate  # (no public name in triton 3.6)
+
+from . import targets
 
 WINDOW = tl.constexpr(0)  # the rule kinds (Rule.KIND)
 TARGETS = tl.constexpr(1)
@@ -112,89 +116,10 @@ def mirror(seq, rule):
 
 
 @triton.jit
-def _rows(seq, rule):
-    """HSTU's mask: (n, shift), the sequence's rows and query i's row in it, i + shift (see the module doc)."""
-    if rule.LAST_ROWS:
-        return seq[1], seq[1] - seq[0]
-    else:
-        return seq[0], 0
-
-
-@triton.jit
 def _causal_window(seq, rule):
     """HSTU's mask's window on positions as a WINDOW rule of the sequence (where the two agree)."""
-    n, shift = _rows(seq, rule)
+    n, shift = targets.rows(seq, rule)
     return (n - shift, n), Rule(WINDOW, (rule.p[0], rule.p[1]))
-
-
-@triton.jit
-def _position(x, seq, rule):
-    """HSTU's position of the sequence's rows x (jfa.jagged.target_mask; a query's row is i + shift), the history's
-    end U (every target sits there), c - 1."""
-    n, _ = _rows(seq, rule)
-    c1 = tl.maximum(rule.p[2] - 1, 0)
-    u = n - seq[2] - c1
-    return tl.minimum(tl.maximum(x - c1, 0), u), u, c1
-
-
-@triton.jit
-def _target_rule(i, j, seq, rule):
-    _, shift = _rows(seq, rule)
-    i = i + shift
-    pi, u, c1 = _position(i, seq, rule)
-    pj, _, _ = _position(j, seq, rule)
-    d = pi - pj
-    if rule.FULL:  # (rows from position U - F on: past the window's reach)
-        vis = (i == j) | ((d > 0) & ((d <= rule.p[0]) | (pi >= u - rule.p[4])))
-    else:
-        vis = (i == j) | ((d > 0) & (d <= rule.p[0]))
-    return vis | ((rule.p[2] > 0) & (pi == 0) & (pj < u))
-
-
-@triton.jit
-def _target_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """HSTU's mask: keys [lo, hi) (lo aligned down to BLOCK_N) holding every key queries [m0, m0 + BLOCK_M) see:
-    from the first row's window (a context row's: 0) to the last row's diagonal (with context rows: the history's
-    end). (Rows as the sequence's from here: m0 and m_last shifted.)"""
-    n, shift = _rows(seq, rule)
-    c = rule.p[2]
-    m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift
-    m0 = m0 + shift
-    p0, u, c1 = _position(m0, seq, rule)
-    lo_key = tl.where((m0 < c) | (p0 - rule.p[0] <= 0), 0, p0 - rule.p[0] + c1)
-    if rule.FULL:  # the tile's last row sees the whole history
-        p_last, _, _ = _position(m_last, seq, rule)
-        lo_key = tl.where(p_last >= u - rule.p[4], 0, lo_key)
-    lo_key = tl.where(u > 0, lo_key, m0)  # no history position: every row sees itself alone
-    hi = tl.minimum(tl.maximum(m_last + 1, tl.where((m0 < c) & (u > 0), n - seq[2], 0)), n)
-    return (tl.maximum(lo_key, 0) // BLOCK_N) * BLOCK_N, hi
-
-
-@triton.jit
-def _target_queries(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """HSTU's mask, the queries that see keys [n0, n0 + BLOCK_N): (prefix end, lo, hi): the context rows [0,
-    prefix end) (aligned up to BLOCK_M; 0 when none, or when they join [lo, hi)), then from the first key's diagonal
-    (lo aligned down to BLOCK_M) to the last query that sees a history key of the tile (every target, unless the
-    window ends first), or the tile's last target key's diagonal."""
-    n, shift = _rows(seq, rule)  # (found as the sequence's rows, returned as query rows)
-    c = rule.p[2]
-    h = n - seq[2]  # the history's end: keys from h on are targets, seen by themselves alone
-    k_last = tl.minimum(n0 + BLOCK_N, n) - 1
-    has_history = n0 < h
-    pjh, u, c1 = _position(tl.minimum(k_last, h - 1), seq, rule)
-    i_max = tl.where(pjh + rule.p[0] >= u, n - 1, pjh + rule.p[0] + c1)
-    if rule.FULL:  # the last row (a target, or the history's last: position U or U - 1 >= U - F) sees every
-        i_max = n - 1  # history key before it, and itself
-    i_max = tl.where(u > 0, i_max, tl.minimum(k_last, h - 1))  # no history position: itself alone
-    hi = tl.where(has_history, i_max + 1, 0)
-    hi = tl.minimum(tl.maximum(hi, tl.where(k_last >= h, k_last + 1, 0)), n) - shift
-    if rule.LAST_ROWS:  # (the first key's diagonal may lie before the first query row)
-        lo = (tl.maximum(n0 - shift, 0) // BLOCK_M) * BLOCK_M
-    else:
-        lo = (n0 // BLOCK_M) * BLOCK_M
-    pre = tl.where(has_history & (c > shift) & (u > 0), tl.cdiv(c - shift, BLOCK_M) * BLOCK_M, 0)
-    joined = pre >= lo
-    return tl.where(joined, 0, pre), tl.where(joined, 0, lo), hi
 
 
 @triton.jit
@@ -202,7 +127,7 @@ def key_range(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Keys [lo, hi) seen by queries [m0, m0 + BLOCK_M), lo aligned down to BLOCK_N (scalars or vectors).
     The range is empty (hi <= lo) when no real query of the tile sees a key."""
     if rule.KIND == TARGETS:
-        return _target_keys(m0, seq, rule, BLOCK_M, BLOCK_N)
+        return targets.key_range(m0, seq, rule, BLOCK_M, BLOCK_N)
     q_len, kv_len = seq[0], seq[1]
     shift = kv_len - q_len
     m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
@@ -225,7 +150,7 @@ def full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     (This index form, with its non-negative divisions, is what the dK/dV consumers loop over: computed as
     block positions it cost the D=128 kernel 120-210 B more spills, some inside its dK MMA; perf-notes.)"""
     if rule.KIND == TARGETS:  # HSTU's mask: the window's full blocks where it agrees (rows in the history, keys past c)
-        return _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
+        return targets.full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M, BLOCK_N)
     q_len, kv_len = seq[0], seq[1]
     shift = kv_len - q_len
     m_last = tl.minimum(m0 + BLOCK_M, q_len) - 1
@@ -239,37 +164,11 @@ def full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def _target_full_blocks(m0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """HSTU's mask is the causal window's on positions: rows from c on see keys from c on as the window says (p(i) -
-    p(j) = i - j), a target row (position U) the history's keys as its row h = n - T would, and a context key (position
-    0) wherever the window reaches back to position 0 or to the key itself. So a tile past the context has the window's
-    full blocks of its rows, its targets as row h, over the keys before h; a tile with context rows or with no history
-    position (U = 0) none. (Masked whole, the targets put each sequence's last tile on HSTU's rule over its walk.)"""
-    n, shift = _rows(seq, rule)
-    first = m0 + shift
-    h = n - seq[2]
-    last = tl.minimum(tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift, h)  # (targets as row h)
-    p0, u, c1 = _position(first, seq, rule)
-    left = rule.p[0]
-    if rule.FULL:  # a tile whose rows all see the whole history: the causal window's full blocks, unbounded
-        left = tl.where(p0 >= u - rule.p[4], 1 << 30, left)
-    # the block's keys are history keys its first row sees: n0 + BLOCK_N - 1 <= min(h - 1, first + RIGHT)
-    top = tl.minimum(h - BLOCK_N, first + rule.p[1] - BLOCK_N + 1) - lo
-    j_hi = tl.where(top >= 0, top // BLOCK_N + 1, 0)
-    # its last row (or row h) sees the block's first key: n0 >= last - LEFT, or from 0 if that reaches position 0
-    bottom = tl.where(last - left > c1, last - left, 0) - lo
-    j_lo = tl.minimum(tl.where(bottom > 0, (bottom + BLOCK_N - 1) // BLOCK_N, 0), n_blocks)
-    plain = (first >= rule.p[2]) & (u > 0)
-    j_lo = tl.where(plain, j_lo, 0)
-    return j_lo, tl.where(plain, tl.maximum(tl.minimum(j_hi, n_blocks), j_lo), 0)
-
-
-@triton.jit
 def _target_full_query_blocks(n0, lo, n_blocks, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """_target_full_blocks transposed: history keys (context keys too), the window's full query blocks of rows from
+    """jfa.targets.full_blocks transposed: history keys (context keys too), the window's full query blocks of rows from
     c on, and with a bounded window only those below the targets (whose window starts at the history's end: query
     row h - shift)."""
-    n, shift = _rows(seq, rule)
+    n, shift = targets.rows(seq, rule)
     c = rule.p[2]
     h = n - seq[2]
     k_last = tl.minimum(n0 + BLOCK_N, n) - 1
@@ -297,49 +196,6 @@ def key_blocks(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def context_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """HSTU's mask with a contextual prefix: keys [lo, hi), whole blocks of BLOCK_N from a multiple of it, that
-    queries [m0, m0 + BLOCK_M) see from their context rows alone, which see every one of them (context_rows says
-    which rows those are): the history's keys past the diagonal of the tile's last row (so that row is no target:
-    a target row sees history keys past its diagonal), where the history has positions past the context's (else
-    a context row sees itself alone). Empty (lo == hi == 0) for tiles without context rows. Such blocks need only a
-    test of the rows, not key_blocks' mask of every pair."""
-    n, shift = _rows(seq, rule)
-    c = rule.p[2]
-    h = n - seq[2]  # the history's end: keys from h on are targets
-    m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift
-    _, u, _ = _position(m_last, seq, rule)
-    lo = tl.cdiv(m_last + 1, BLOCK_N) * BLOCK_N
-    hi = (h // BLOCK_N) * BLOCK_N
-    has = (m0 + shift < c) & (u > 0) & (lo < hi)
-    return tl.where(has, lo, 0), tl.where(has, hi, 0)
-
-
-@triton.constexpr_function
-def has_window_keys(last_rows, full):
-    """Whether window_keys can find any key under a rule with these LAST_ROWS and FULL (Rule's constexprs)."""
-    return not last_rows and not full
-
-
-@triton.jit
-def window_keys(m0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """HSTU's mask: the first key (a multiple of BLOCK_N) from which, for queries [m0, m0 + BLOCK_M), it is the causal
-    window's on the sequence's rows (window_visible): rows in the history past the context and keys past the
-    context see each other at p(i) - p(j) = i - j, and the targets past such rows are unseen, as past the diagonal.
-    1 << 30 (no such key) for tiles with context or target rows, with rows past the window's reach (rule.FULL,
-    whose rows see the whole history), and in cross-attention (rule.LAST_ROWS: serving's query rows are mostly
-    targets, and the test's shift cost the Hopper forward's serving forms 200-270 B of spills)."""
-    if not has_window_keys(rule.LAST_ROWS, rule.FULL):
-        return 1 << 30
-    else:
-        n, shift = _rows(seq, rule)
-        c = rule.p[2]
-        m_last = tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + shift
-        plain = (m0 + shift >= c) & (m_last < n - seq[2])
-        return tl.where(plain, tl.cdiv(c, BLOCK_N) * BLOCK_N, 1 << 30)
-
-
-@triton.jit
 def window_visible(i, j, seq, rule):
     """HSTU's mask where window_keys says it is the causal window's: key rows j that exist, in query rows i's window."""
     seq_w, rule_w = _causal_window(seq, rule)
@@ -347,18 +203,11 @@ def window_visible(i, j, seq, rule):
 
 
 @triton.jit
-def context_rows(i, seq, rule):
-    """HSTU's mask: which query rows i are context rows (each sees every history key; context_keys)."""
-    _, shift = _rows(seq, rule)
-    return i + shift < rule.p[2]
-
-
-@triton.jit
 def query_range(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Queries [lo, hi) that see keys [n0, n0 + BLOCK_N), lo aligned down to BLOCK_M (see Transposition); with
     HSTU's mask, the range after query_prefix's."""
     if rule.KIND == TARGETS:
-        _, lo, hi = _target_queries(n0, seq, rule, BLOCK_M, BLOCK_N)
+        _, lo, hi = targets.query_ranges(n0, seq, rule, BLOCK_M, BLOCK_N)
         return lo, hi
     seq_t, rule_t = mirror(seq, rule)
     return key_range(n0, seq_t, rule_t, BLOCK_N, BLOCK_M)
@@ -370,7 +219,7 @@ def query_prefix(n0, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     BLOCK_M, 0 for none): with HSTU's mask, a key tile's context prefix (a key tile's walk is both); a window has
     none (a constant 0)."""
     if rule.KIND == TARGETS:
-        pre, _, _ = _target_queries(n0, seq, rule, BLOCK_M, BLOCK_N)
+        pre, _, _ = targets.query_ranges(n0, seq, rule, BLOCK_M, BLOCK_N)
         return pre
     else:
         return 0
@@ -431,7 +280,7 @@ def in_window(i, j, seq, rule):
 @triton.jit
 def _rule(i, j, seq, rule, KEY_MAJOR: tl.constexpr):
     if rule.KIND == TARGETS:
-        return _target_rule(i, j, seq, rule)
+        return targets.visible(i, j, seq, rule)
     if KEY_MAJOR:
         seq_t, rule_t = mirror(seq, rule)
         return in_window(j, i, seq_t, rule_t)

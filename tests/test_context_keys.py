@@ -14,7 +14,8 @@ from test_schedule import FULL_ROWS, TARGET_CASES, _target_case
 def _context_kernel(q_offsets, kv_offsets, num_targets, OUT, ROWS, context, window, full, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, TILES: tl.constexpr, LAST_ROWS: tl.constexpr, FULL: tl.constexpr):
     """Per sequence and query tile: context_keys' (lo, hi) and window_keys, and context_rows of the tile's rows."""
-    from jfa.geometry import context_keys, context_rows, mask_rule, sequence, sequence_bounds, window_keys
+    from jfa.geometry import mask_rule, sequence, sequence_bounds
+    from jfa.targets import context_keys, context_rows, window_keys
     b = tl.program_id(0)
     t = tl.program_id(1)
     _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)

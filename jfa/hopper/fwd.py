@@ -4,9 +4,9 @@ Glossary as jfa/geometry.py; the score policy as jfa/variants.py; aggregates and
 jfa/hopper/items.py and buffers.py. Each CTA loops over its items (query tile, head); its partitions share shared
 memory and talk through mbarriers:
 
-  load      1 warp: per item, TMA-loads the Q tile (one WG_ROWS box per consumer: ItemOperands), then
-            streams the tile's K/V blocks through a STAGES-deep Ring (a slot is refilled once every consumer
-            has released it).
+  load      1 warp (jfa.hopper.fwd_load): per item, TMA-loads the Q tile (one WG_ROWS box per consumer:
+            ItemOperands), then streams the tile's K/V blocks through a STAGES-deep Ring (a slot is refilled once
+            every consumer has released it).
   softmax   CONSUMERS x 4 warps (consumer w owns Q rows [m0 + 64 w, m0 + 64 w + 64)): per K/V block,
             S = Q K^T (wgmma), online softmax in base 2 (or with an activation, P = f(scale S): no running max,
             no rescale), O += P V (wgmma, P from registers). The loop is pipelined as in FlashAttention-3: S of
@@ -29,16 +29,17 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 from .. import variants
 from ..bwd_common import scaled_rows
-from ..geometry import (TARGETS, block_count, context_keys, context_rows, has_window_keys, key_blocks, key_range,
-                        visible, window_keys, window_visible)
+from ..geometry import TARGETS, block_count, key_blocks, key_range, visible, window_visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import launch, num_sms
 from ..schedule import CACHE, ScheduleSpec
+from ..targets import context_keys, context_rows, has_window_keys, window_keys
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring
 from .common import WG_ROWS, Batch, Rows, Shape, aggregate, aligned, mma_layout, rows, store_rows, tma_descriptor
 from .config import FwdConfig, fwd_classes, query_tile_schedule
+from .fwd_load import load_partition
 from .items import WorkList
 
 
@@ -69,74 +70,6 @@ class FwdOutput:
 
 
 @gluon.jit
-def _page_row(work, idx, pages):
-    """Paged k and v (pages: the page table, its row stride, PAGE rows a page; jfa.problem.Problem.page_args): the
-    item's row of the page table; packed (pages None): 0, unread (a jit function returns no None)."""
-    if pages is None:
-        return 0
-    else:
-        return pages[0] + work.sequence(idx).to(gl.int64) * pages[1]
-
-
-@gluon.jit
-def _key_row(tile, n0, page_row, pages):
-    """The row of k and v that holds the tile's key n0: kv_start + n0 packed; paged, through the page table (BLOCK_N
-    divides PAGE: a block never crosses a page)."""
-    if pages is None:
-        return tile.kv_start + n0
-    else:
-        return gl.load(page_row + n0 // pages[2]) * pages[2] + n0 % pages[2]
-
-
-@gluon.jit
-def _load_partition(shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages):
-    it = 0  # K/V blocks loaded so far
-    t = 0  # items loaded so far
-    if work.QUEUE:  # the next item whenever the last one's loads are issued (WorkList.take)
-        idx = work.take()
-        while idx >= 0:
-            tile = work.query_tile(idx, batch, shape)
-            if tile.valid:
-                it = _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages)
-                t += 1
-            idx = work.take()
-    else:
-        first, end = work.bounds()
-        for idx in range(first, end):
-            tile = work.query_tile(idx, batch, shape)
-            if tile.valid:
-                it = _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages)
-                t += 1
-    if q_ops.POSTED:
-        q_ops.close(t, work)  # the consumers' end mark
-
-
-@gluon.jit
-def _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv, pages):
-    """Producer: item t (schedule slot idx): its Q (posted: its record or slot first), then its K/V blocks from ring
-    block it on -> the next block's count."""
-    HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
-    q_row0 = tile.start if shape.BROADCAST else tile.q_start + tile.start  # broadcast: one dense q
-    q_ops.acquire(t)
-    if q_ops.POSTED:
-        q_ops.post(t, tile, idx, work)
-    for w in gl.static_range(shape.CONSUMERS):
-        if tile.start + w * WG_ROWS < tile.q_len:
-            q_ops.load(t, w, q_desc, [q_row0 + w * WG_ROWS, tile.head * HEAD_DIM], q_desc, None)
-        else:  # no rows for consumer w: it reads no Q
-            q_ops.skip(t, w)
-    col = (tile.head // shape.GROUP) * HEAD_DIM
-    page_row = _page_row(work, idx, pages)
-    for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
-        lo, hi = tile.part(part)
-        for n0 in range(lo, hi, shape.BLOCK_N):
-            row = _key_row(tile, n0, page_row, pages)
-            kv.fill(it, k_desc, [row, col], v_desc, [row, col])
-            it += 1
-    return it
-
-
-@gluon.jit
 def _visible(i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.constexpr):
     """Which pairs of rows i_row and key block n0 are visible (rows past the sequence's end are never stored, so
     only the keys are tested for existence)."""
@@ -146,7 +79,7 @@ def _visible(i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.constexpr
 
 @constexpr_function
 def _target_tests(kind, full):
-    """Whether _hide takes HSTU's cheaper tests (jfa.geometry.context_keys, window_keys): under HSTU's mask, but not
+    """Whether _hide takes HSTU's cheaper tests (jfa.targets.context_keys, window_keys): under HSTU's mask, but not
     with rows past the window's reach (rule.FULL: with them there, its D=128 forms spilled 436-936 B)."""
     return kind == TARGETS.value and not full
 
@@ -154,7 +87,7 @@ def _target_tests(kind, full):
 @gluon.jit
 def _hide(x, i_row, n0, edges, tile, batch, s_cols: gl.constexpr, SCORE: gl.constexpr):
     """x (scores or weights) of block n0, outside its rows' mask-free blocks, with the invisible pairs hidden: under
-    HSTU's mask (_target_tests), the blocks its context rows alone see (jfa.geometry.context_keys) by a test of the
+    HSTU's mask (_target_tests), the blocks its context rows alone see (jfa.targets.context_keys) by a test of the
     rows, and where it is the causal window's (window_keys: a history tile's diagonal) by the window's test; else the
     mask of every pair (HSTU's rule takes several operations a pair)."""
     BLOCK_N: gl.constexpr = x.shape[1]
@@ -373,12 +306,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
         gl.warp_specialize([
             (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
             (_softmax_partition, (1, shape, work, batch, q_ops, kv, out)),
-            (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages)),
+            (load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages)),
         ], [4, 1], [232, 40])
     else:
         gl.warp_specialize([
             (_softmax_partition, (0, shape, work, batch, q_ops, kv, out)),
-            (_load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages)),
+            (load_partition, (shape, work, batch, q_desc, k_desc, v_desc, q_ops, kv, pages)),
         ], [1], [24])
 
 
