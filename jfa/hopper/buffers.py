@@ -25,22 +25,26 @@ from .items import Item
 @aggregate
 class Ring:
     """STAGES slots of one block of each of two operands, refilled by the producer as the consumers release
-    them. SPLIT: a ready barrier per operand (a consumer can start on the first operand alone), else one."""
+    them. SPLIT: a ready and an empty barrier per operand (a consumer can start on the first operand alone, and
+    release it alone: the forward's K once S is done, its V once P V is, so the producer loads the next K blocks a
+    whole block earlier), else one of each."""
     a: gl.shared_memory_descriptor
     b: gl.shared_memory_descriptor
     a_ready: gl.shared_memory_descriptor
     b_ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
+    b_empty: gl.shared_memory_descriptor
     STAGES: gl.constexpr
     SPLIT: gl.constexpr
 
     @constexpr_function
-    def __init__(self, a, b, a_ready, b_ready, empty, STAGES, SPLIT):
+    def __init__(self, a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT):
         self.a = a
         self.b = b
         self.a_ready = a_ready
         self.b_ready = b_ready
         self.empty = empty
+        self.b_empty = b_empty
         self.STAGES = gl.constexpr(STAGES)
         self.SPLIT = gl.constexpr(SPLIT)
 
@@ -50,25 +54,39 @@ class Ring:
         b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
         a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         b_ready = a_ready
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b_empty = empty
         if SPLIT:
             b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            b_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(a_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
             if SPLIT:
                 mbarrier.init(b_ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=CONSUMERS)
-        return Ring(a, b, a_ready, b_ready, empty, STAGES, SPLIT)
+                mbarrier.init(b_empty.index(i), count=CONSUMERS)
+        return Ring(a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT)
 
     @gluon.jit
     def fill(self, it, a_desc, a_coord, b_desc, b_coord):
-        """Producer: wait until block `it`'s slot is free, then TMA-load both operands into it."""
-        self.claim(it)
-        self.issue(it, a_desc, a_coord, b_desc, b_coord)
+        """Producer: wait until block `it`'s slot is free, then TMA-load both operands into it (SPLIT: each
+        operand once its own half of the slot is free)."""
+        if self.SPLIT:
+            slot = it % self.STAGES
+            phase = ((it // self.STAGES) & 1) ^ 1
+            mbarrier.wait(self.empty.index(slot), phase)
+            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
+            mbarrier.wait(self.b_empty.index(slot), phase)
+            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
+        else:
+            self.claim(it)
+            self.issue(it, a_desc, a_coord, b_desc, b_coord)
 
     @gluon.jit
     def claim(self, it):
-        """Producer: wait until block `it`'s slot is free."""
+        """Producer: wait until block `it`'s slot is free (not SPLIT)."""
         mbarrier.wait(self.empty.index(it % self.STAGES), ((it // self.STAGES) & 1) ^ 1)
 
     @gluon.jit
@@ -109,6 +127,18 @@ class Ring:
     def release(self, it):
         """Consumer: done reading block `it`'s slot (after the MMAs that read it completed)."""
         mbarrier.arrive(self.empty.index(it % self.STAGES), count=1)
+        if self.SPLIT:
+            mbarrier.arrive(self.b_empty.index(it % self.STAGES), count=1)
+
+    @gluon.jit
+    def release_a(self, it):
+        """Consumer (SPLIT): done reading block `it`'s first operand."""
+        mbarrier.arrive(self.empty.index(it % self.STAGES), count=1)
+
+    @gluon.jit
+    def release_b(self, it):
+        """Consumer (SPLIT): done reading block `it`'s second operand."""
+        mbarrier.arrive(self.b_empty.index(it % self.STAGES), count=1)
 
 
 @aggregate

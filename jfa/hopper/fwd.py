@@ -237,6 +237,7 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
     s = warpgroup_mma(q_buf, k_first.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _turn(WG, out.PINGPONG, False)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    kv.release_a(it)  # (K read: the producer may load the block STAGES on)
     p, state, alpha = _weights(s, state, lo, edges, tile, batch, out.score, s_cols, True, SCORE)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     for jb in range(1, n_blocks):
@@ -248,16 +249,17 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
         acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
         _turn(WG, out.PINGPONG, False)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
+        kv.release_a(it + jb)
         p, state, alpha = _weights(s, state, n0, edges, tile, batch, out.score, s_cols, False, SCORE)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
-        kv.release(it + jb - 1)
+        kv.release_b(it + jb - 1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)  # (an activation's alpha is 1: folds away)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
     q_ops.release(t)  # last S issued and done: the producer may load the next Q
     last = it + n_blocks - 1
     acc = warpgroup_mma(p_op, kv.wait_b(last), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
-    kv.release(last)
+    kv.release_b(last)
     return acc, state
 
 
