@@ -72,17 +72,27 @@ class Ring:
         """Producer: wait until block `it`'s slot is free, then TMA-load both operands into it (SPLIT: each
         operand once its own half of the slot is free)."""
         if self.SPLIT:
-            slot = it % self.STAGES
-            phase = ((it // self.STAGES) & 1) ^ 1
-            mbarrier.wait(self.empty.index(slot), phase)
-            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
-            mbarrier.wait(self.b_empty.index(slot), phase)
-            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
+            self.fill_a(it, a_desc, a_coord)
+            self.fill_b(it, b_desc, b_coord)
         else:
             self.claim(it)
             self.issue(it, a_desc, a_coord, b_desc, b_coord)
+
+    @gluon.jit
+    def fill_a(self, it, a_desc, a_coord):
+        """Producer (SPLIT): wait until block `it`'s first operand's half of its slot is free, then TMA-load it."""
+        slot = it % self.STAGES
+        mbarrier.wait(self.empty.index(slot), ((it // self.STAGES) & 1) ^ 1)
+        mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
+
+    @gluon.jit
+    def fill_b(self, it, b_desc, b_coord):
+        """Producer (SPLIT): fill_a's for the second operand."""
+        slot = it % self.STAGES
+        mbarrier.wait(self.b_empty.index(slot), ((it // self.STAGES) & 1) ^ 1)
+        mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
 
     @gluon.jit
     def claim(self, it):

@@ -67,10 +67,17 @@ def _load_item(t, it, idx, tile, shape, work, q_desc, k_desc, v_desc, q_ops, kv,
             q_ops.skip(t, w)
     col = (tile.head // shape.GROUP) * HEAD_DIM
     page_row = _page_row(work, idx, pages)
+    first = it
+    prev = 0  # the row of block it - 1's V, loaded after block it's K: the consumers take K_j before V_{j-1}
     for part in gl.static_range(tile.PARTS):  # the item's walk (Item.part)
         lo, hi = tile.part(part)
         for n0 in range(lo, hi, shape.BLOCK_N):
             row = _key_row(tile, n0, page_row, pages)
-            kv.fill(it, k_desc, [row, col], v_desc, [row, col])
+            kv.fill_a(it, k_desc, [row, col])
+            if it > first:
+                kv.fill_b(it - 1, v_desc, [prev, col])
+            prev = row
             it += 1
+    if it > first:
+        kv.fill_b(it - 1, v_desc, [prev, col])
     return it
