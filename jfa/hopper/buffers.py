@@ -101,13 +101,10 @@ class Ring:
 
     @gluon.jit
     def issue(self, it, a_desc, a_coord, b_desc, b_coord):
-        """Producer (after claim): arm the ready barrier(s) and TMA-load both operands into block `it`'s slot."""
+        """Producer (after claim; not SPLIT, whose operands fill_a and fill_b load): arm the ready barrier and
+        TMA-load both operands into block `it`'s slot."""
         slot = it % self.STAGES
-        if self.SPLIT:
-            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
-            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
-        else:
-            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
         tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
 
