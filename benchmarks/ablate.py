@@ -107,13 +107,9 @@ ABLATIONS = {
          "            mbarrier.arrive(bar, count=1)")]),
     "ring always full": ("the (Q, dO) ring's TMA loads: a slot is ready once claimed (the forward's K/V ring too)", [
         ("hopper/buffers.py",  # the forward's K and V (Ring.fill_a, fill_b)
-         "        mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)\n"
-         "        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))",
-         "        mbarrier.arrive(self.a_ready.index(slot), count=1)"),
-        ("hopper/buffers.py",
-         "        mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)\n"
-         "        tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))",
-         "        mbarrier.arrive(self.b_ready.index(slot), count=1)"),
+         "        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)\n"
+         "        tma.async_copy_global_to_shared(desc, coord, ready.index(slot), buf.index(slot))",
+         "        mbarrier.arrive(ready.index(slot), count=1)"),
         ("hopper/buffers.py",  # the backward's (Q, dO) (Ring.issue)
          "        mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)\n"
          "        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))\n"

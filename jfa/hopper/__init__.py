@@ -10,8 +10,8 @@ import torch
 
 from ..bwd_common import delta, scaled_rows, sum_broadcast_dq, zero_keyless_rows
 from ..jagged import UNBOUNDED
-from ..variants import score_args
 from ..problem import Problem
+from ..variants import score_args
 from .config import BwdPlan, DqRoute, FwdConfig, bwd_classes
 
 HEAD_DIMS = (64, 128)

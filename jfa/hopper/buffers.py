@@ -81,18 +81,19 @@ class Ring:
     @gluon.jit
     def fill_a(self, it, a_desc, a_coord):
         """Producer (SPLIT): wait until block `it`'s first operand's half of its slot is free, then TMA-load it."""
-        slot = it % self.STAGES
-        mbarrier.wait(self.empty.index(slot), ((it // self.STAGES) & 1) ^ 1)
-        mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
+        self._fill_half(it, self.empty, self.a_ready, self.a, a_desc, a_coord)
 
     @gluon.jit
     def fill_b(self, it, b_desc, b_coord):
         """Producer (SPLIT): fill_a's for the second operand."""
+        self._fill_half(it, self.b_empty, self.b_ready, self.b, b_desc, b_coord)
+
+    @gluon.jit
+    def _fill_half(self, it, empty, ready, buf, desc, coord):
         slot = it % self.STAGES
-        mbarrier.wait(self.b_empty.index(slot), ((it // self.STAGES) & 1) ^ 1)
-        mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
+        mbarrier.wait(empty.index(slot), ((it // self.STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, coord, ready.index(slot), buf.index(slot))
 
     @gluon.jit
     def claim(self, it):
@@ -133,9 +134,9 @@ class Ring:
     @gluon.jit
     def release(self, it):
         """Consumer: done reading block `it`'s slot (after the MMAs that read it completed)."""
-        mbarrier.arrive(self.empty.index(it % self.STAGES), count=1)
+        self.release_a(it)
         if self.SPLIT:
-            mbarrier.arrive(self.b_empty.index(it % self.STAGES), count=1)
+            self.release_b(it)
 
     @gluon.jit
     def release_a(self, it):
