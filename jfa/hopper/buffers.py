@@ -69,14 +69,10 @@ class Ring:
 
     @gluon.jit
     def fill(self, it, a_desc, a_coord, b_desc, b_coord):
-        """Producer: wait until block `it`'s slot is free, then TMA-load both operands into it (SPLIT: each
-        operand once its own half of the slot is free)."""
-        if self.SPLIT:
-            self.fill_a(it, a_desc, a_coord)
-            self.fill_b(it, b_desc, b_coord)
-        else:
-            self.claim(it)
-            self.issue(it, a_desc, a_coord, b_desc, b_coord)
+        """Producer (not SPLIT, whose operands fill_a and fill_b load, each when its own half of the slot is free):
+        wait until block `it`'s slot is free, then TMA-load both operands into it."""
+        self.claim(it)
+        self.issue(it, a_desc, a_coord, b_desc, b_coord)
 
     @gluon.jit
     def fill_a(self, it, a_desc, a_coord):
