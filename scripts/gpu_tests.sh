@@ -7,12 +7,16 @@
 # (tests/conftest.py: every test function's cases in one part, the parts the same on every run).
 # Triton's cache comes from a carried .triton-cache/ and goes back packed into $OUT (scripts/lib.sh's
 # triton_cache): with the kernels compiled in an earlier call, only the changed ones compile.
+# PYTHONPATH=.ab/NAME tests that tree's jfa (scripts/ab_tree.sh): pytest runs under python -P, since the checkout's
+# own jfa/ would otherwise come first on sys.path (the current directory precedes PYTHONPATH; the editable install
+# finds this checkout's jfa where PYTHONPATH is unset).
 set -uo pipefail
 source scripts/lib.sh
 limit=${1:-300}; shift || true
 [ -d .venv ] || setup
 triton_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
-step "$limit" $PY -m pytest -q -p no:cacheprovider -m gpu -n "${GPU_WORKERS:-14}" "$@" > "$OUT/gpu-tests.log" 2>&1
+$PY -P -c "import jfa; print('jfa from', jfa.__file__)" | tee -a "$OUT/gpu.txt"
+step "$limit" $PY -P -m pytest -q -p no:cacheprovider -m gpu -n "${GPU_WORKERS:-14}" "$@" > "$OUT/gpu-tests.log" 2>&1
 grep -v "^  \|^$\|Warn" "$OUT/gpu-tests.log" | tail -20
 pack_triton_cache
