@@ -23,6 +23,9 @@ class Report:
     registers: int
     spill_bytes: int  # spill stores + loads reported by ptxas
     ptx: str
+    # warpgroup waits ptxas adds where a register an MMA in flight defines is touched (its note C7517/C7510): each
+    # serializes that MMA with what follows, so that MMAs meant to overlap do not
+    injected_waits: int = 0
 
 
 def _tool(name: str) -> str:
@@ -40,8 +43,8 @@ def sass(ptx: str) -> str:
         return subprocess.run([_tool("nvdisasm"), "-c", cubin], check=True, capture_output=True, text=True).stdout
 
 
-def ptxas_report(ptx: str) -> tuple[int, int]:
-    """(registers, spill bytes) of a PTX module, from ptxas -v for sm_90a."""
+def ptxas_report(ptx: str) -> tuple[int, int, int]:
+    """(registers, spill bytes, injected warpgroup waits) of a PTX module, from ptxas -v for sm_90a."""
     ptxas = _tool("ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
@@ -53,12 +56,13 @@ def ptxas_report(ptx: str) -> tuple[int, int]:
     log = res.stderr + res.stdout
     regs = max(int(x) for x in re.findall(r"Used (\d+) registers", log))
     spills = sum(int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log))
-    return regs, spills
+    waits = re.findall(r"warpgroup\.wait is injected|wgmma\.mma_async instructions are serialized", log)
+    return regs, spills, len(waits)
 
 
 def report(name: str, head_dim: int, dtype: str, ptx: str) -> Report:
-    regs, spills = ptxas_report(ptx)
-    return Report(name, head_dim, dtype, len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx)
+    regs, spills, waits = ptxas_report(ptx)
+    return Report(name, head_dim, dtype, len(re.findall(r"wgmma\.mma_async", ptx)), regs, spills, ptx, waits)
 
 
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",

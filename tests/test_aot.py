@@ -77,6 +77,10 @@ HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_dkdv", 128, "short-q"
                        ("hopper_bwd", 64, "gelu_tanh"): 128, ("hopper_dkdv_dq", 64, "gelu_tanh"): 196,
                        ("hopper_dkdv", 128, "gelu_tanh"): 244, ("hopper_bwd", 128, "gelu_tanh"): 990,
                        ("hopper_dkdv_dq", 128, "gelu_tanh"): 288, ("hopper_dq", 64, "gelu_tanh"): 68}
+# warpgroup waits ptxas injects (jfa.ptxas.Report.injected_waits: an MMA serialized with what follows it). One, in the
+# D=128 64-row softmax one pass: in one consumer's masked blocks ptxas waits for S^T before issuing dP^T (reading
+# LSE after dP^T's issue or after S^T's wait did not remove it; silu, gelu_tanh and HSTU's mask have none)
+HOPPER_INJECTED_WAITS = {("hopper_bwd", 128, ""): 1}
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +119,7 @@ for d in (64, 128):
             rows.append(dict(kernel=r.kernel, form=form, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
                              vec_stores=r.ptx.count("st.global.v4"),
                              tma=r.ptx.count("cp.async.bulk.tensor"), regs=r.registers, spill=r.spill_bytes,
-                             setmaxnreg=r.ptx.count("setmaxnreg"),
+                             setmaxnreg=r.ptx.count("setmaxnreg"), injected=r.injected_waits,
                              atomics=r.ptx.count("atom.global") - r.ptx.count("atom.global.add.u32"),
                              tickets=r.ptx.count("atom.global.add.u32"),
                              reduce=r.ptx.count("cp.reduce.async.bulk.tensor"),
@@ -142,6 +146,7 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
         assert r["regs"] <= 255, r
         assert r["spill"] <= HOPPER_SPILL_BUDGET.get(key + (r["form"], ), HOPPER_SPILL_BUDGET.get(key, 0)), r
         assert r["setmaxnreg"] > 0, f"{r}: no setmaxnreg, so no register hand-off between the partitions"
+        assert r["injected"] <= HOPPER_INJECTED_WAITS.get(key + (r["form"], ), 0), r
         assert r["producer_ok"], f"{r}: the TMA producer's K/V loop bounds are not recomputed per item"
         assert r["atomics"] == 0, r
         # a work queue's producer takes its tickets at two sites (the first item, the next): D=128's long forward and
