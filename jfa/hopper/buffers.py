@@ -136,7 +136,7 @@ class Ring:
 
     @gluon.jit
     def release_a(self, it):
-        """Consumer (SPLIT): done reading block `it`'s first operand."""
+        """Consumer: done reading block `it`'s first operand (SPLIT; else the whole slot, as release)."""
         mbarrier.arrive(self.empty.index(it % self.STAGES), count=1)
 
     @gluon.jit
