@@ -60,6 +60,9 @@ class FwdConfig:
     posted_items: bool = False  # the producer posts each item beside its Q, then an end mark (ItemOperands.post)
     pingpong: bool = False  # two consumers take turns issuing a block's MMAs (jfa.hopper.fwd._turn)
     queue: bool = False  # items from a work queue, posted (as DkdvConfig.queue: for K/V's reuse in L2)
+    # softmax's weights inside both arms of the mask's branch (jfa.hopper.fwd._weights): after the join, ptxas
+    # put the consumer's wait for its own P V before them
+    weights_in_arms: bool = False
 
     @property
     def block_m(self) -> int:
@@ -99,7 +102,8 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     # D=128's long form from a work queue, posting whole records (3 rounds, ms, dealt -> queued: hstu-silu 6.25 ->
     # 5.72, window-256 3.75 -> 3.52, causal-skewed-4k 1.55 -> 1.51, self-skewed-8k 2.60 -> 2.55, gqa-uniform-2k
     # even; posting the slot alone: even). D=64's is untimed
-    return FwdConfig(consumers=2, pingpong=True, queue=head_dim > 64, posted_items=head_dim > 64)
+    return FwdConfig(consumers=2, pingpong=True, queue=head_dim > 64, posted_items=head_dim > 64,
+                     weights_in_arms=True)
 
 
 @dataclass(frozen=True)

@@ -53,20 +53,23 @@ class FwdOutput:
     stride_lh: gl.tensor
     score: gl.tuple
     COALESCED: gl.constexpr
-    PINGPONG: gl.constexpr  # (FwdConfig.pingpong: carried here for want of a forward aggregate of the config)
+    # (FwdConfig.pingpong and weights_in_arms: carried here for want of a forward aggregate of the config)
+    PINGPONG: gl.constexpr
+    ARMS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, o, LSE, stride_lh, score, COALESCED, PINGPONG):
+    def __init__(self, o, LSE, stride_lh, score, COALESCED, PINGPONG, ARMS):
         self.o = o
         self.LSE = LSE
         self.stride_lh = stride_lh
         self.score = score
         self.COALESCED = gl.constexpr(COALESCED)
         self.PINGPONG = gl.constexpr(PINGPONG)
+        self.ARMS = gl.constexpr(ARMS)
 
     @gluon.jit
-    def create(o, lse, score, COALESCED: gl.constexpr, PINGPONG: gl.constexpr):
-        return FwdOutput(Rows.create(o), lse[0], gl.to_tensor(lse[1]), score, COALESCED, PINGPONG)
+    def create(o, lse, score, COALESCED: gl.constexpr, PINGPONG: gl.constexpr, ARMS: gl.constexpr):
+        return FwdOutput(Rows.create(o), lse[0], gl.to_tensor(lse[1]), score, COALESCED, PINGPONG, ARMS)
 
 
 @gluon.jit
@@ -110,19 +113,29 @@ def _hide(x, i_row, n0, edges, tile, batch, s_cols: gl.constexpr, SCORE: gl.cons
 
 @gluon.jit
 def _weights(s, state, n0, edges, tile, batch, score, s_cols: gl.constexpr, FIRST: gl.constexpr,
-             SCORE: gl.constexpr):
+             SCORE: gl.constexpr, ARMS: gl.constexpr):
     """Block n0's scores s -> (its weights P, the running state, alpha: jfa.variants.weights); edges = (the rows,
     their mask-free blocks [full_lo, full_hi), under HSTU's mask the keys [lo, hi) only their context rows see):
-    blocks outside the mask-free ones take the mask (_hide)."""
+    blocks outside the mask-free ones take the mask (_hide). ARMS (FwdConfig.weights_in_arms): a score that masks its
+    scores (softmax) computes its weights in both arms of the mask's branch."""
     i_row, full_lo, full_hi = edges[0], edges[1], edges[2]
     # (the edge test written where it is used: held across an activation's weights, it cost the silu forward ~4%)
-    if variants.masks_scores(SCORE):
-        if (n0 < full_lo) | (n0 >= full_hi):
-            s = _hide(s, i_row, n0, edges, tile, batch, s_cols, SCORE)
-    p, state, alpha = variants.weights(s, state, score, SCORE, FIRST)
     if not variants.masks_scores(SCORE):
+        p, state, alpha = variants.weights(s, state, score, SCORE, FIRST)
         if (n0 < full_lo) | (n0 >= full_hi):
             p = _hide(p, i_row, n0, edges, tile, batch, s_cols, SCORE)
+    elif (batch.rule.KIND == TARGETS) | (not ARMS):  # (in the arms below, HSTU's three masks took 2.5x the code,
+        # 112 B of spills)
+        if (n0 < full_lo) | (n0 >= full_hi):
+            s = _hide(s, i_row, n0, edges, tile, batch, s_cols, SCORE)
+        p, state, alpha = variants.weights(s, state, score, SCORE, FIRST)
+    elif (n0 < full_lo) | (n0 >= full_hi):  # the weights in both arms: ptxas puts the wait for this consumer's P V
+        # at the top of the block after the branch, so with the exponentials after the join they waited for it; in
+        # the arms they run under it. A mask-free block's rows all see a key: no empty-row test there
+        s = _hide(s, i_row, n0, edges, tile, batch, s_cols, SCORE)
+        p, state, alpha = variants.weights(s, state, score, SCORE, FIRST)
+    else:
+        p, state, alpha = variants.weights(s, state, score, SCORE, FIRST, EMPTY_ROWS=False)
     return p, state, alpha
 
 
@@ -238,7 +251,7 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
     _turn(WG, out.PINGPONG, False)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     kv.release_a(it)  # (K read: the producer may load the block STAGES on)
-    p, state, alpha = _weights(s, state, lo, edges, tile, batch, out.score, s_cols, True, SCORE)
+    p, state, alpha = _weights(s, state, lo, edges, tile, batch, out.score, s_cols, True, SCORE, out.ARMS)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     for jb in range(1, n_blocks):
         n0 = lo + jb * BLOCK_N
@@ -250,7 +263,7 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
         _turn(WG, out.PINGPONG, False)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
         kv.release_a(it + jb)
-        p, state, alpha = _weights(s, state, n0, edges, tile, batch, out.score, s_cols, False, SCORE)
+        p, state, alpha = _weights(s, state, n0, edges, tile, batch, out.score, s_cols, False, SCORE, out.ARMS)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))[0]
         kv.release_b(it + jb - 1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)  # (an activation's alpha is 1: folds away)
@@ -301,7 +314,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, CFG.block_n, CONSUMERS, False, BROADCAST, SCORE)
     work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
-    out = FwdOutput.create(o, lse, score, COALESCED, CFG.pingpong)
+    out = FwdOutput.create(o, lse, score, COALESCED, CFG.pingpong, CFG.weights_in_arms)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED, False, CFG.posted_items)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
