@@ -105,6 +105,27 @@ ABLATIONS = {
          "            mbarrier.expect(bar, a_desc.block_type.nbytes)\n"
          "            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))",
          "            mbarrier.arrive(bar, count=1)")]),
+    "fwd Q loaded once": ("the forward's Q loads after each consumer's first item: a later item's Q block is "
+                          "ready once its slot is free and holds the first item's rows (real data: an ablation "
+                          "whose operands stay zero also lowers the tensor cores' power draw; with --part forward)", [
+        ("hopper/buffers.py",
+         "            mbarrier.expect(bar, a_desc.block_type.nbytes)\n"
+         "            tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))",
+         "            if t < self.SLOTS:\n"
+         "                mbarrier.expect(bar, a_desc.block_type.nbytes)\n"
+         "                tma.async_copy_global_to_shared(a_desc, a_coord, bar, self.a.index(i))\n"
+         "            else:\n"
+         "                mbarrier.arrive(bar, count=1)")]),
+    "fwd K/V loaded once": ("the forward's K/V loads after each ring slot's first: a slot is ready once claimed and "
+                            "holds its first block's rows (real data, as 'fwd Q loaded once'; with --part forward)", [
+        ("hopper/buffers.py",
+         "        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)\n"
+         "        tma.async_copy_global_to_shared(desc, coord, ready.index(slot), buf.index(slot))",
+         "        if it < self.STAGES:\n"
+         "            mbarrier.expect(ready.index(slot), desc.block_type.nbytes)\n"
+         "            tma.async_copy_global_to_shared(desc, coord, ready.index(slot), buf.index(slot))\n"
+         "        else:\n"
+         "            mbarrier.arrive(ready.index(slot), count=1)")]),
     "ring always full": ("the (Q, dO) ring's TMA loads: a slot is ready once claimed (the forward's K/V ring too)", [
         ("hopper/buffers.py",  # the forward's K and V (Ring.fill_a, fill_b)
          "        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)\n"
