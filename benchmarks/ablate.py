@@ -168,6 +168,9 @@ def build(names, into: Path) -> dict:
     return dirs
 
 
+# (ablation, workload) -> the SM clock (MHz) of each timed run (passes.py --clocks, jfa.bench.clocks): an ablation that
+# leaves shared memory unwritten multiplies zeros, draws less power, and may run at a higher clock than main
+CLOCKS: dict = {}
 WARM_S = 240  # a copy's first call: its kernels' compile (in parallel with the others') and one run
 
 
@@ -218,7 +221,7 @@ def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> d
     """(ablation, workload) -> [ms per round] of passes.py's part. Every copy is compiled first, in parallel (one
     call each, WARM_S at most: an ablation whose kernel hangs, a protocol it broke, is dropped there). Each time is
     printed as it comes, so that a run cut short by the device's limit still leaves its numbers."""
-    line = re.compile(r"^(\S+)\s+" + re.escape(part) + r" ([\d.]+) ms")
+    line = re.compile(r"^(\S+)\s+" + re.escape(part) + r" ([\d.]+) ms(?:[^|]*?@ (\d+) MHz)?")
     with ThreadPoolExecutor(len(dirs)) as pool:
         warm = dict(zip(dirs, pool.map(lambda d: _run(_passes(only, part, "--calls", "1"), d, WARM_S),
                                        dirs.values())))
@@ -230,12 +233,15 @@ def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> d
         for name, d in dirs.items():
             if warm[name].returncode != 0:
                 continue
-            out = _run(_passes(only, part, "--rep-ms", str(rep_ms)), d, 300)
+            out = _run(_passes(only, part, "--rep-ms", str(rep_ms), "--clocks"), d, 300)
             for text in out.stdout.splitlines():
                 m = line.match(text)
                 if m:
                     times.setdefault((name, m.group(1)), []).append(float(m.group(2)))
-                    print(f"round {r + 1}: {name} / {m.group(1)} {m.group(2)} ms", flush=True)
+                    if m.group(3):
+                        CLOCKS.setdefault((name, m.group(1)), []).append(float(m.group(3)))
+                    print(f"round {r + 1}: {name} / {m.group(1)} {m.group(2)} ms"
+                          + (f" at {m.group(3)} MHz" if m.group(3) else ""), flush=True)
             if out.returncode != 0:
                 print(f"{name}: round {r + 1} rc {out.returncode}: {out.stderr.strip()[-300:]}", flush=True)
     return times
@@ -253,7 +259,8 @@ def table(times: dict, names, workloads) -> str:
                 continue
             med = statistics.median(ms)
             ratio = f" ({med / statistics.median(base):.2f})" if base else ""
-            cells.append(f"{med:.2f}{ratio}")
+            mhz = CLOCKS.get((name, w))
+            cells.append(f"{med:.2f}{ratio}" + (f" {statistics.median(mhz):.0f} MHz" if mhz else ""))
         lines.append(f"| {name} | {ABLATIONS[name][0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -5,20 +5,23 @@ and with the direct dQ of single-key-tile sequences) and dQ pass (whole, and ski
 whole backward (Delta, zeroing, casts included; given the longest sequence's keys, as `jfa bench`'s calls are).
 Every workload of the suite, the score functions' and HSTU's mask's included.
 
-    python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100] [--calls N]
+    python benchmarks/passes.py [--only NAME,...] [--parts PART,...] [--rep-ms 100] [--calls N] [--clocks]
 
 One line per workload: each part's median ms (triton.testing.do_bench) and, for the kernels, TF/s over the
 matmuls each one does (forward 2 of 2; one pass 5, dK/dV 4 and dQ 3 of the backward's 5). Use it to see which part a
 change moved; `jfa bench` is the end-to-end number against the peers. --calls N: no timing, each part called N
-times, for a profiler (scripts/profile.sh runs ncu on it).
+times, for a profiler (scripts/profile.sh runs ncu on it). --clocks: each timed part's mean SM clock and power draw
+beside it (jfa.bench.clocks: a GPU at its power limit clocks down by how much its operands make it draw).
 """
 import argparse
+import contextlib
 
 import torch
 from triton.testing import do_bench
 
 from jfa import hopper
 from jfa.bench import suite
+from jfa.bench.clocks import Clocks
 from jfa.hopper import bwd, bwd_dq
 from jfa.hopper.config import (SHORT_Q, DqRoute, for_problem, fwd_config, query_tile_schedule, select_dkdv,
                                select_dq)
@@ -77,6 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--parts", help="comma-separated parts to time (default: all), e.g. 'forward,backward (default)'")
     p.add_argument("--rep-ms", type=int, default=100)
     p.add_argument("--calls", type=int, help="call each part this many times, untimed (for a profiler)")
+    p.add_argument("--clocks", action="store_true", help="each part's mean SM clock and power draw (nvidia-smi)")
     args = p.parse_args(argv)
     wanted = None if args.parts is None else set(args.parts.split(","))
     _, workloads = suite.load_suite()
@@ -93,9 +97,12 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 cells.append(f"{name} called {args.calls}x")
                 continue
-            ms = do_bench(fn, warmup=25, rep=args.rep_ms, return_mode="median")
+            clocks = Clocks() if args.clocks else contextlib.nullcontext()
+            with clocks:
+                ms = do_bench(fn, warmup=25, rep=args.rep_ms, return_mode="median")
             flops = {"fwd": fwd_flops, "bwd": bwd_flops}.get(phase, 0) * share
-            cells.append(f"{name} {ms:.3f} ms" + (f" {flops / ms / 1e9:.0f} TF/s" if flops else ""))
+            cells.append(f"{name} {ms:.3f} ms" + (f" {flops / ms / 1e9:.0f} TF/s" if flops else "")
+                         + (f" @ {clocks.text()}" if args.clocks else ""))
         print(f"{w.name:<18} " + " | ".join(cells), flush=True)
         del inp
         torch.cuda.empty_cache()

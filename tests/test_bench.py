@@ -417,3 +417,27 @@ def test_lengths_workload_takes_the_score_and_hstus_mask(tmp_path):
         suite.workload_from_lengths(path, targets=(1, 2))
     with pytest.raises(ValueError, match="activation"):
         suite.workload_from_lengths(path, activation="tanh")
+
+
+def test_clocks_average_the_rows_sampled_inside_the_block(tmp_path, monkeypatch):
+    """jfa.bench.clocks.Clocks with a stand-in nvidia-smi: the rows printed while the block runs are averaged, the
+    row printed before it (the sampler's start) is not; unreadable rows are skipped; no nvidia-smi, no clock."""
+    import os
+    import time
+
+    from jfa.bench.clocks import Clocks, parse
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/usr/bin/env bash\necho "0, 0"\nwhile true; do echo "1800, 600"; echo "[N/A], 1"; '
+                    'echo "1700, 500"; sleep 0.01; done\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with Clocks() as c:
+        time.sleep(0.5)
+    mhz, watts = c.mean
+    assert 1700 <= mhz <= 1800 and 500 <= watts <= 600, c.mean  # (0 / 0, the first row, would pull it below)
+    assert abs(mhz - 1750) <= 10 and c.text().endswith(" W")
+    assert parse("1500, 400\n[N/A], [N/A]\n1600,") == (1500.0, 400.0) and parse("") is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with Clocks() as c:
+        pass
+    assert c.mean is None and c.text() == ""
