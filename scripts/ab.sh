@@ -10,7 +10,8 @@
 # by up to ~10%). Before the rounds, every tree's kernels for these workloads compile in parallel (AB_JOBS processes
 # at once, default 4: each calls the parts once, untimed; a cold Hopper kernel takes one core 5-30 s, and the trees'
 # first rounds compiled them one after another); the rounds then load them from Triton's cache. At the end, each
-# workload's means over the rounds and each tree's change against this checkout (scripts/ab_summary.py).
+# workload's means over the rounds and each tree's change against this checkout (scripts/ab_summary.py), with each
+# tree's SM clock where its passes.py has --clocks.
 set -uo pipefail
 source scripts/lib.sh
 others=${1:?usage: scripts/ab.sh OTHER[,OTHER...] WORKLOADS [PARTS] [ROUNDS]}
@@ -29,12 +30,13 @@ for tree in ${others//,/ } .; do
 done
 wait
 echo "== compiled in parallel: $((SECONDS - start)) s"
+clocks() { grep -q -- --clocks "$1/benchmarks/passes.py" 2> /dev/null && echo --clocks; }  # (trees before it lack it)
 for r in $(seq "$rounds"); do
   for other in ${others//,/ }; do
-    step 280 env PYTHONPATH="$other" $PY "$other/benchmarks/passes.py" --only "$only" --parts "$parts" |
-      sed "s/^/$(basename "$other") /"
+    step 280 env PYTHONPATH="$other" $PY "$other/benchmarks/passes.py" --only "$only" --parts "$parts" \
+      $(clocks "$other") | sed "s/^/$(basename "$other") /"
   done
-  step 280 $PY benchmarks/passes.py --only "$only" --parts "$parts" | sed 's/^/this  /'
+  step 280 $PY benchmarks/passes.py --only "$only" --parts "$parts" $(clocks .) | sed 's/^/this  /'
 done | tee "$OUT/ab-rounds.txt"
 echo "== means over the rounds (scripts/ab_summary.py)"
 $PY scripts/ab_summary.py "$OUT/ab-rounds.txt"

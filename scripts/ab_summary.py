@@ -2,16 +2,18 @@
 
 scripts/ab.sh's lines ("TREE WORKLOAD PART MS ms ...", one a round) summed up: per workload and part, this checkout's
 mean time and each other tree's mean with its change against it, the rounds' times beside (compare within one
-call only)."""
+call only), and where the lines carry it (passes.py --clocks) each tree's mean SM clock: a tree that draws less power
+may run at a higher clock (jfa.bench.clocks)."""
 import collections
 import re
 import sys
 
-LINE = re.compile(r"^(\S+)\s+(\S+)\s+(.+?)\s+([\d.]+) ms\b")
+LINE = re.compile(r"^(\S+)\s+(\S+)\s+(.+?)\s+([\d.]+) ms\b(?:[^|]*?@ (\d+) MHz)?")
 
 
 def summary(lines) -> list[str]:
-    times = collections.defaultdict(list)  # (workload, part) -> tree -> [ms]
+    times = collections.defaultdict(list)  # (workload, part) -> [(tree, ms)]
+    clocks = collections.defaultdict(list)  # (workload, part, tree) -> [MHz]
     trees = []
     for line in lines:
         m = LINE.match(line)
@@ -19,6 +21,8 @@ def summary(lines) -> list[str]:
             continue
         tree, workload, part, ms = m.group(1), m.group(2), m.group(3).strip(), float(m.group(4))
         times[(workload, part)].append((tree, ms))
+        if m.group(5):
+            clocks[(workload, part, tree)].append(float(m.group(5)))
         if tree not in trees:
             trees.append(tree)
     out = []
@@ -33,7 +37,9 @@ def summary(lines) -> list[str]:
             if t not in by_tree:
                 continue
             change = f" {100 * (mean[t] / mean['this'] - 1):+.1f}%" if base and t != "this" else ""
-            cells.append(f"{t} {mean[t]:.3f}{change} ({', '.join(f'{x:.3f}' for x in by_tree[t])})")
+            mhz = clocks.get((workload, part, t))
+            cells.append(f"{t} {mean[t]:.3f}{change} ({', '.join(f'{x:.3f}' for x in by_tree[t])})"
+                         + (f" {sum(mhz) / len(mhz):.0f} MHz" if mhz else ""))
         out.append(f"{workload:<22} {part:<20} " + " | ".join(cells))
     return out
 

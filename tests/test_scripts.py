@@ -222,7 +222,8 @@ def test_ab_compiles_every_tree_before_the_timed_rounds(tmp_path):
     fake = tmp_path / ".venv" / "bin" / "python"
     fake.write_text('#!/usr/bin/env bash\necho "${PYTHONPATH:-this} $*" >> calls.log\necho "timed $*"\n')
     fake.chmod(0o755)
-    (tmp_path / ".ab" / "x").mkdir(parents=True)
+    (tmp_path / ".ab" / "x" / "benchmarks").mkdir(parents=True)
+    (tmp_path / ".ab" / "x" / "benchmarks" / "passes.py").write_text('p.add_argument("--clocks")\n')  # (x has it)
     res = subprocess.run(["bash", "scripts/ab.sh", ".ab/x", "w1,w2", "one pass", "2"], cwd=tmp_path,
                          capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path / "out")), timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -232,6 +233,8 @@ def test_ab_compiles_every_tree_before_the_timed_rounds(tmp_path):
                     for tree in (".ab/x", ".") for w in ("w1", "w2")}, calls
     assert all(c.endswith("--calls 1") for c in calls[:4]) and len(calls) == 4 + 2 * 2 + 1, calls
     assert calls[-1] == f"this scripts/ab_summary.py {tmp_path / 'out' / 'ab-rounds.txt'}", calls  # the means, last
+    rounds = calls[4:-1]  # the timed calls: with --clocks where the tree's passes.py has it (this one's has none)
+    assert [c.endswith("--clocks") for c in rounds] == [True, False] * 2, rounds
     timed = [line.split()[0] for line in res.stdout.splitlines() if "timed" in line]
     assert timed == ["x", "this"] * 2 + ["timed"], res.stdout  # (the stand-in's own line for the means' call)
 
@@ -248,3 +251,6 @@ def test_ab_summary_means_each_tree_against_this():
     assert out[0].split() == ["w1", "one", "pass", "x", "3.000", "-25.0%", "(2.000,", "4.000)", "|", "this", "4.000",
                               "(4.000,", "4.000)"], out
     assert out[1].split()[:6] == ["w2", "backward", "(default)", "x", "1.100", "(1.100)"], out
+    clocked = summary(["x w1  forward 2.000 ms 100 TF/s @ 1700 MHz 600 W", "x w1  forward 2.000 ms @ 1800 MHz 650 W",
+                       "this  w1  forward 2.000 ms 100 TF/s @ 1500 MHz 700 W"])  # (passes.py --clocks)
+    assert clocked[0].endswith("(2.000, 2.000) 1750 MHz | this 2.000 (2.000) 1500 MHz"), clocked
