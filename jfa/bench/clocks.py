@@ -1,7 +1,7 @@
 """The GPU's SM clock and power draw while a piece of work runs, sampled by nvidia-smi: a GPU at its power limit lowers
 its clock, and by how much depends on the operands (tensor cores multiplying zeros draw less), so an ablation that
 leaves shared memory unwritten, or a change that moves fewer bytes, can run faster at the same instruction stream.
-A time compared without the clock beside it cannot tell the two apart (docs/perf-notes.md, session 47).
+A time compared without the clock beside it cannot tell the two apart (docs/perf-notes.md).
 
     with Clocks() as c:
         ms = do_bench(fn)
