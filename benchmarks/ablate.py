@@ -168,9 +168,6 @@ def build(names, into: Path) -> dict:
     return dirs
 
 
-# (ablation, workload) -> the SM clock (MHz) of each timed run (passes.py --clocks, jfa.bench.clocks): an ablation that
-# leaves shared memory unwritten multiplies zeros, draws less power, and may run at a higher clock than main
-CLOCKS: dict = {}
 WARM_S = 240  # a copy's first call: its kernels' compile (in parallel with the others') and one run
 
 
@@ -217,8 +214,10 @@ def _passes(only: str, part: str, *extra) -> list:
     return [sys.executable, str(ROOT / "benchmarks" / "passes.py"), "--only", only, "--parts", part, *extra]
 
 
-def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> dict:
-    """(ablation, workload) -> [ms per round] of passes.py's part. Every copy is compiled first, in parallel (one
+def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> tuple[dict, dict]:
+    """(ablation, workload) -> [ms per round] of passes.py's part, and -> [the SM clock of each round, MHz]
+    (passes.py --clocks: an ablation that leaves shared memory unwritten multiplies zeros, draws less power, and may
+    run at a higher clock than main). Every copy is compiled first, in parallel (one
     call each, WARM_S at most: an ablation whose kernel hangs, a protocol it broke, is dropped there). Each time is
     printed as it comes, so that a run cut short by the device's limit still leaves its numbers."""
     line = re.compile(r"^(\S+)\s+" + re.escape(part) + r" ([\d.]+) ms(?:[^|]*?@ (\d+) MHz)?")
@@ -228,7 +227,7 @@ def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> d
     for name, w in warm.items():
         if w.returncode != 0:
             print(f"{name}: FAILED to run (rc {w.returncode}): {w.stderr.strip()[-600:]}", flush=True)
-    times = {}
+    times, clocks = {}, {}
     for r in range(rounds):
         for name, d in dirs.items():
             if warm[name].returncode != 0:
@@ -239,15 +238,15 @@ def time_rounds(dirs: dict, only: str, part: str, rounds: int, rep_ms: int) -> d
                 if m:
                     times.setdefault((name, m.group(1)), []).append(float(m.group(2)))
                     if m.group(3):
-                        CLOCKS.setdefault((name, m.group(1)), []).append(float(m.group(3)))
+                        clocks.setdefault((name, m.group(1)), []).append(float(m.group(3)))
                     print(f"round {r + 1}: {name} / {m.group(1)} {m.group(2)} ms"
                           + (f" at {m.group(3)} MHz" if m.group(3) else ""), flush=True)
             if out.returncode != 0:
                 print(f"{name}: round {r + 1} rc {out.returncode}: {out.stderr.strip()[-300:]}", flush=True)
-    return times
+    return times, clocks
 
 
-def table(times: dict, names, workloads) -> str:
+def table(times: dict, clocks: dict, names, workloads) -> str:
     lines = ["| ablation | removes | " + " | ".join(f"{w} ms (x main)" for w in workloads) + " |",
              "|---|---|" + "---|" * len(workloads)]
     for name in names:
@@ -259,7 +258,7 @@ def table(times: dict, names, workloads) -> str:
                 continue
             med = statistics.median(ms)
             ratio = f" ({med / statistics.median(base):.2f})" if base else ""
-            mhz = CLOCKS.get((name, w))
+            mhz = clocks.get((name, w))
             cells.append(f"{med:.2f}{ratio}" + (f" {statistics.median(mhz):.0f} MHz" if mhz else ""))
         lines.append(f"| {name} | {ABLATIONS[name][0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -324,8 +323,8 @@ def main(argv=None) -> int:
         if args.check:
             return check(dirs)
         workloads = args.only.split(",")
-        print(table(time_rounds(dirs, args.only, args.part, args.rounds, args.rep_ms), names, workloads),
-              flush=True)
+        times, clocks = time_rounds(dirs, args.only, args.part, args.rounds, args.rep_ms)
+        print(table(times, clocks, names, workloads), flush=True)
         if args.ncu:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
