@@ -37,14 +37,14 @@ from ..schedule import CACHE
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring, RowStats
 from .bwd_block import Consumer, DkdvGrads, OnePass, QBlock, deferred_dq, dkdv_block, one_pass_block
-from .common import WG_ROWS, Batch, Shape, aligned, mma_layout, rows, store_rows, tma_descriptor
+from .common import WG_ROWS, Batch, KvPrefetch, Shape, aligned, mma_layout, rows, store_rows, tma_descriptor
 from .config import DkdvConfig, DqRoute, key_tile_schedule
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
 from .items import WorkList
 
 
 @gluon.jit
-def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
+def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats, kv):
     it = 0  # (Q, dO) blocks loaded so far
     t = 0  # items loaded so far
     if work.QUEUE:  # the next item whenever the last one's loads are issued (WorkList.take)
@@ -53,7 +53,7 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
             tile = work.key_tile(idx, batch, shape)
             if tile.valid:
                 it = _load_item(t, it, idx, tile, shape, work, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads,
-                                stats)
+                                stats, kv)
                 t += 1
             idx = work.take()
     else:
@@ -62,18 +62,19 @@ def _load_partition(shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops,
             tile = work.key_tile(idx, batch, shape)
             if tile.valid:
                 it = _load_item(t, it, idx, tile, shape, work, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads,
-                                stats)
+                                stats, kv)
                 t += 1
     if kv_ops.POSTED:
         kv_ops.close(t, work)  # the readers' end mark
 
 
 @gluon.jit
-def _load_item(t, it, idx, tile, shape, work, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats):
-    """Producer: item t (schedule slot idx): its K/V (posted: its record or slot first), then its (Q, dO) blocks from
-    ring block it on -> the next block's count."""
+def _load_item(t, it, idx, tile, shape, work, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, stats, kv):
+    """Producer: item t (schedule slot idx): its K/V (a short item's into L2 first, kv: KvPrefetch; posted: its
+    record or slot first), then its (Q, dO) blocks from ring block it on -> the next block's count."""
     HEAD_DIM: gl.constexpr = q_desc.block_shape[1]
     BLOCK_M: gl.constexpr = shape.BLOCK_M
+    kv.item(tile, shape.BLOCK_N, k_desc, v_desc)
     kv_ops.acquire(t)  # both consumers have stored the previous item's dK, dV
     if kv_ops.POSTED:
         kv_ops.post(t, tile, idx, work)
@@ -189,11 +190,12 @@ def _dkdv_partition(c, work, d, DIRECT: gl.constexpr):
 
 
 @gluon.jit
-def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, offsets, sched, score, mask,
+def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, kv, offsets, sched, score, mask,
                        GROUP: gl.constexpr, BROADCAST: gl.constexpr, CFG: gl.constexpr, SCORE: gl.constexpr):
-    """grads: (dK, dV, dQ), each (pointer, row stride, head stride); stats: (LSE, Delta, their head stride); the
-    rest as jfa.hopper.fwd's kernel. CFG (a DkdvConfig) with one_pass: dQ too, with the rows' LSE and Delta through
-    shared memory (RowStats): through the writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with
+    """grads: (dK, dV, dQ), each (pointer, row stride, head stride); stats: (LSE, Delta, their head stride); kv:
+    the k and v descriptors' tensors, the same way (KvPrefetch); the rest as jfa.hopper.fwd's
+    kernel. CFG (a DkdvConfig) with one_pass: dQ too, with the rows' LSE and Delta through shared memory
+    (RowStats): through the writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with
     DqRoute.DIRECT, only for the sequences whose keys fit one item, stored into grads' dQ (q's dtype) by the
     consumers. Else neither dq_desc nor dQ is used."""
     BLOCK_M: gl.constexpr = CFG.block_m
@@ -204,6 +206,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
     work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
     grads = DkdvGrads.create(grads, stats, score)
+    kv_rows = KvPrefetch.create(kv, CFG.kv_prefetch_rows)
     # a work queue's items are posted: the one pass's writer warp reads them too (a reader on each set's empty)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, CFG.kv_slots, CFG.posts,
                                 CFG.queue and CFG.one_pass and not DIRECT, CFG.posted_items)
@@ -216,7 +219,7 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
         gl.warp_specialize([
             (_dkdv_partition, (c0, work, None, False)),
             (_dkdv_partition, (c1, work, None, False)),
-            (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, None)),
+            (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, None, kv_rows)),
         ], [4, 1], [240, 24])
     else:
         row_stats = RowStats.alloc(BLOCK_M, STAGES)
@@ -226,13 +229,15 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, o
             gl.warp_specialize([
                 (_dkdv_partition, (c0, work, d, True)),
                 (_dkdv_partition, (c1, work, d, True)),
-                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, row_stats)),
+                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, row_stats,
+                                   kv_rows)),
             ], [4, 1], [240, 24])
         else:
             gl.warp_specialize([
                 (_dkdv_partition, (c0, work, d, False)),
                 (_dkdv_partition, (c1, work, d, False)),
-                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, row_stats)),
+                (_load_partition, (shape, work, batch, q_desc, do_desc, k_desc, v_desc, kv_ops, qdo, grads, row_stats,
+                                   kv_rows)),
                 (dq_writer_partition, (shape, work, batch, dq_desc, d.stage, kv_ops)),
             ], [4, 1, 1], [240, 24, 24])
 
@@ -257,8 +262,8 @@ def constexprs(cfg: DkdvConfig, p: Problem) -> dict:
 def kernel_args(p: Problem, descs, grads: tuple, lse, delta, sched) -> tuple:
     """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors): grads = (dk, dv, dq)
     tensors (where no dQ is stored, any [rows, heads, D] tensor stands in)."""
-    return (*descs, tuple(rows(g) for g in grads), (lse, delta, lse.stride(0)), (p.q_offsets, p.kv_offsets),
-            sched.kernel_args(), score_args(p), p.mask_args())
+    return (*descs, tuple(rows(g) for g in grads), (lse, delta, lse.stride(0)), (rows(descs[2].base),
+            rows(descs[3].base)), (p.q_offsets, p.kv_offsets), sched.kernel_args(), score_args(p), p.mask_args())
 
 
 def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_range=(0, UNBOUNDED)):

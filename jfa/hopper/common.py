@@ -4,6 +4,7 @@
   Shape          a kernel's compile-time shape: GQA group, tile rows, consumers, modes, score function
   Batch          the jagged batch as the kernels see it: both offsets tensors and the mask's rule (jfa.geometry)
   Rows           a [rows, heads, D] tensor by pointer and strides (O; dK, dV, dQ)
+  KvPrefetch     the dK/dV producer's L2 prefetch of a short item's K and V
 
 jfa.hopper.items has the work items (WorkList, Item), jfa.hopper.buffers the shared-memory buffers with their
 barriers (Ring, RowStats, ItemOperands) and the protocol they keep.
@@ -144,6 +145,55 @@ class Rows:
     def head(self, h):
         """Head h's row 0."""
         return self.ptr + h * self.stride_h
+
+
+@gluon.jit
+def prefetch_rows(x, row0, n_rows, head, ROWS: gl.constexpr, desc):
+    """Rows [row0, row0 + min(n_rows, ROWS)) of head `head` of x (Rows; desc: its TMA descriptor, for the dtype and
+    D) into L2: a prefetch a 128-byte line from the one warp of a producer (8 lines a lane for 128 rows at D=128)."""
+    HEAD_DIM: gl.constexpr = desc.block_shape[1]
+    LINE: gl.constexpr = 1024 // desc.dtype.primitive_bitwidth  # elements a 128-byte line
+    LINES: gl.constexpr = HEAD_DIM // LINE
+    layout: gl.constexpr = gl.BlockedLayout([1, LINES], [32, 1], [1, 1], [1, 0])
+    r = gl.expand_dims(gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
+    c = gl.expand_dims(gl.arange(0, LINES, layout=gl.SliceLayout(0, layout)), 0) * LINE
+    ptrs = x.head(head) + (row0 + r).to(gl.int64) * x.stride_t + c
+    keep = (r + c * 0 < n_rows).to(gl.int32)
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [ptrs, keep], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@aggregate
+class KvPrefetch:
+    """The dK/dV kernels' producer prefetches a short item's K and V rows into L2 when it takes the item, blocks
+    before they have their shared-memory slot: read once, their TMA load would otherwise come from DRAM while the
+    consumers wait for it, which is most of a short item's cost. Items that walk more than MAX_ROWS query rows
+    skip it (their slot's wait is a small part of them, and prefetching theirs cost self-skewed-8k 1.8%);
+    MAX_ROWS = 0 compiles none of it (jfa.hopper.config.DkdvConfig.kv_prefetch_rows)."""
+    k: Rows
+    v: Rows
+    MAX_ROWS: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, k, v, MAX_ROWS):
+        self.k = k
+        self.v = v
+        self.MAX_ROWS = gl.constexpr(MAX_ROWS)
+
+    @gluon.jit
+    def create(kv, MAX_ROWS: gl.constexpr):
+        """kv: the K and V tensors as rows() gives them."""
+        return KvPrefetch(Rows.create(kv[0]), Rows.create(kv[1]), MAX_ROWS)
+
+    @gluon.jit
+    def item(self, tile, BLOCK_N: gl.constexpr, k_desc, v_desc):
+        """tile's keys (an Item of key tiles), if its walk is short."""
+        if self.MAX_ROWS > 0:
+            short = tile.pre + tile.hi - tile.lo <= self.MAX_ROWS
+            n = gl.where(short, tile.kv_len - tile.start, 0)
+            k0 = tile.kv_start + tile.start
+            prefetch_rows(self.k, k0, n, tile.head, BLOCK_N, k_desc)
+            prefetch_rows(self.v, k0, n, tile.head, BLOCK_N, v_desc)
 
 
 def rows(x):

@@ -41,6 +41,13 @@ DIRECT_STAGES = 3
 # this one runs. pma-32-d64 backward 1.466 / 1.459 -> 1.110 / 1.113 ms (its items see one (Q, dO) block each).
 # A D=128 set is 64 KB: no room beside 64-row blocks (the one pass takes 181 KB with one)
 KV_SLOTS = 2
+# where the dK/dV kernel has one K/V set, its producer prefetches into L2 the K and V of broadcast q's items that walk
+# at most this many query rows (their TMA load from DRAM, once the set frees, was most of a short item's wait).
+# Whole backward, 3 rounds: pma-256 -6.5% (H100), -2.3% (H100), -4.8% (H200); self-attention's D=128 rows lost
+# (self-skewed-8k +1.8%, +1.0%, +0.9%; causal-skewed-4k and window-256 +0.9%, +1.2% on the H200), so for_problem
+# keeps it to broadcast q. With two sets the next item's K/V loads ahead anyway, and the producer's prefetch work
+# only delays the tiny items (pma-64's backward +10%)
+KV_PREFETCH_ROWS = 512
 
 
 class DqRoute(enum.IntEnum):
@@ -123,6 +130,9 @@ class DkdvConfig:
     # consecutive ranks, whose Q, dO and float32 dQ stay in L2 (hstu-silu's one pass, ncu: DRAM read 23.2 -> 8.7
     # GB, L2 hits 59 -> 83%, 16.5 -> 15.9 ms)
     queue: bool = False
+    # the producer's L2 prefetch of K and V for the items that walk at most this many query rows (0: none compiled;
+    # jfa.hopper.common.KvPrefetch)
+    kv_prefetch_rows: int = 0
 
     @property
     def posts(self) -> bool:
@@ -168,10 +178,12 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
         # 16 KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%)
         return DkdvConfig(dq=dq, serial=head_dim <= 64, stages=3 if head_dim <= 64 else 2,
                           dq_stages=2 if head_dim <= 64 else 1, kv_slots=KV_SLOTS if head_dim <= 64 else 1,
-                          posted_items=head_dim <= 64, queue=head_dim > 64)
+                          posted_items=head_dim <= 64, queue=head_dim > 64,
+                          kv_prefetch_rows=0 if head_dim <= 64 else KV_PREFETCH_ROWS)
     if head_dim > 64 and mean_q_len <= SHORT_Q_DKDV:
         return DkdvConfig(block_m=32, serial=True, stages=2, kv_slots=KV_SLOTS, posted_items=True)
-    return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
+    return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True,
+                      kv_prefetch_rows=0 if head_dim <= 64 else KV_PREFETCH_ROWS)
 
 
 def dq_route(broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> DqRoute:
@@ -281,6 +293,8 @@ def for_problem(cfg, p: Problem):
         cfg = dataclasses.replace(cfg, posted_items=False)
     if isinstance(cfg, DkdvConfig) and cfg.one_pass and not cfg.serial and (p.targets or p.activation not in TOGETHER):
         cfg = dataclasses.replace(cfg, serial=True)
+    if isinstance(cfg, DkdvConfig) and cfg.kv_prefetch_rows and not p.broadcast:
+        cfg = dataclasses.replace(cfg, kv_prefetch_rows=0)  # (KV_PREFETCH_ROWS: it won on broadcast q alone)
     return cfg
 
 
