@@ -70,6 +70,10 @@ class FwdConfig:
     # softmax's weights inside both arms of the mask's branch (jfa.hopper.fwd._weights): after the join, ptxas
     # put the consumer's wait for its own P V before them
     weights_in_arms: bool = False
+    # Q tiles in shared memory: with 2, the producer loads the next item's Q (and so the item's first K/V blocks)
+    # while this one runs (ItemOperands' sets), where one slot frees only after the item's last S. D=64 (H100, 3
+    # rounds): d64-uniform-512 0.821 -> 0.752 ms. Not D=128's one-consumer short form: short-128 0.816 -> 1.104
+    q_slots: int = 1
 
     @property
     def block_m(self) -> int:
@@ -105,12 +109,12 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     if mean_kv_len <= SHORT_KV:
         consumers = 1 if head_dim <= 64 else 2
         return FwdConfig(consumers=consumers, stages=2, coalesced_store=True, posted_items=consumers == 1,
-                         pingpong=consumers == 2)
+                         pingpong=consumers == 2, q_slots=2 if head_dim <= 64 else 1)
     # D=128's long form from a work queue, posting whole records (3 rounds, ms, dealt -> queued: hstu-silu 6.25 ->
     # 5.72, window-256 3.75 -> 3.52, causal-skewed-4k 1.55 -> 1.51, self-skewed-8k 2.60 -> 2.55, gqa-uniform-2k
     # even; posting the slot alone: even). D=64's is untimed
     return FwdConfig(consumers=2, pingpong=True, queue=head_dim > 64, posted_items=head_dim > 64,
-                     weights_in_arms=True)
+                     weights_in_arms=True, q_slots=1 if head_dim > 64 else 2)
 
 
 @dataclass(frozen=True)

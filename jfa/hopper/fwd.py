@@ -242,7 +242,7 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
     s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     s_zero = gl.full([WG_ROWS, BLOCK_N], 0.0, gl.float32, layout=s_layout)
-    q_buf = q_ops.a.index(WG)
+    q_buf = q_ops.a_block(t, WG)
     lo = tile.lo
     # prologue: S of the first block and its weights
     k_first = kv.wait_a(it)
@@ -315,7 +315,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
     work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
     out = FwdOutput.create(o, lse, score, COALESCED, CFG.pingpong, CFG.weights_in_arms)
-    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, 1, POSTED, False, CFG.posted_items)
+    q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, CFG.q_slots, POSTED, False, CFG.posted_items)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
         gl.warp_specialize([
