@@ -193,9 +193,9 @@ def _dkdv_partition(c, work, d, DIRECT: gl.constexpr):
 def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, kv, offsets, sched, score, mask,
                        GROUP: gl.constexpr, BROADCAST: gl.constexpr, CFG: gl.constexpr, SCORE: gl.constexpr):
     """grads: (dK, dV, dQ), each (pointer, row stride, head stride); stats: (LSE, Delta, their head stride); kv:
-    the k and v descriptors' tensors, the same way (KvPrefetch); the rest as jfa.hopper.fwd's
-    kernel. CFG (a DkdvConfig) with one_pass: dQ too, with the rows' LSE and Delta through shared memory
-    (RowStats): through the writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with
+    the k and v descriptors' tensors, the same way (KvPrefetch); the rest as jfa.hopper.fwd's kernel. CFG (a
+    DkdvConfig) with one_pass: dQ too, with the rows' LSE and Delta through shared memory (RowStats): through the
+    writer warp into dq_desc's float32 accumulator (DqRoute.REDUCE), or with
     DqRoute.DIRECT, only for the sequences whose keys fit one item, stored into grads' dQ (q's dtype) by the
     consumers. Else neither dq_desc nor dQ is used."""
     BLOCK_M: gl.constexpr = CFG.block_m

@@ -71,8 +71,9 @@ class FwdConfig:
     # put the consumer's wait for its own P V before them
     weights_in_arms: bool = False
     # Q tiles in shared memory: with 2, the producer loads the next item's Q (and so the item's first K/V blocks)
-    # while this one runs (ItemOperands' sets), where one slot frees only after the item's last S. D=64 (H100, 3
-    # rounds): d64-uniform-512 0.821 -> 0.752 ms. Not D=128's one-consumer short form: short-128 0.816 -> 1.104
+    # while this one runs (ItemOperands' sets), where one slot frees only after the item's last S. D=64, 3 rounds:
+    # d64-uniform-512 0.797 -> 0.757 ms (H200), 0.821 -> 0.752 (H100). Not D=128's short forms: one consumer,
+    # short-128 0.816 -> 1.104 (H100); two, self-uniform-1k and self-full-512 even (H200)
     q_slots: int = 1
 
     @property

@@ -5,8 +5,8 @@ jfa/hopper/items.py and buffers.py. Each CTA loops over its items (query tile, h
 memory and talk through mbarriers:
 
   load      1 warp (jfa.hopper.fwd_load): per item, TMA-loads the Q tile (one WG_ROWS box per consumer:
-            ItemOperands), then streams the tile's K/V blocks through a STAGES-deep Ring (a slot is refilled once
-            every consumer has released it).
+            ItemOperands, in FwdConfig.q_slots sets), then streams the tile's K/V blocks through a STAGES-deep
+            Ring (a slot is refilled once every consumer has released it).
   softmax   CONSUMERS x 4 warps (consumer w owns Q rows [m0 + 64 w, m0 + 64 w + 64)): per K/V block,
             S = Q K^T (wgmma), online softmax in base 2 (or with an activation, P = f(scale S): no running max,
             no rescale), O += P V (wgmma, P from registers). The loop is pipelined as in FlashAttention-3: S of
