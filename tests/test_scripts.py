@@ -190,6 +190,35 @@ def test_bank_conflict_model_matches_ncu_and_finds_the_conflict_free_swizzle():
     assert bc["wavefronts"](acc, "xor", 64) == 2.0  # 32-byte groups permuted by the row (docs/experiments/dq-xor)
 
 
+
+def test_sass_loops_finds_the_innermost_mma_loops():
+    """scripts/sass_loops.py on a SASS fragment in cuobjdump's form: an outer loop around an inner one with an HGMMA
+    (predicated branches and labels as ptxas writes them), and a loop without one. Only the inner MMA loop is
+    reported, with its count, its opcodes without modifiers and its spill reload."""
+    import runpy
+    sl = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "sass_loops.py"))
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   IMAD R2, R2, 0x2, RZ ;
+.L_x_2:
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR48], RZ, !UPT ;
+        /*0030*/                   LDL R3, [R1+0x4] ;
+        /*0040*/                   FMUL R4, R4, UR29 ;
+        /*0050*/              @!P3 BRA `(.L_x_2) ;
+        /*0060*/                   ISETP.GE.AND P0, PT, R2, 0x4, PT ;
+        /*0070*/               @P0 BRA `(.L_x_1) ;
+.L_x_3:
+        /*0080*/                   FADD R5, R5, R5 ;
+        /*0090*/                   BRA `(.L_x_3) ;
+        /*00a0*/                   EXIT ;
+"""
+    found = sl["loops"](sass)
+    assert [(n, first, last) for n, first, last, _ in found] == [(4, 0x20, 0x50)]
+    ops = found[0][3]
+    assert ops["HGMMA"] == 1 and ops["LDL"] == 1 and ops["FMUL"] == 1 and ops["BRA"] == 1
+    assert sl["loops"](sass, op="FADD")[0][:3] == (2, 0x80, 0x90)  # the MMA-free loop, by another opcode
+
 def test_experiment_patches_apply(tmp_path):
     """docs/experiments: every waiting patch still applies to this commit's jfa/ through scripts/ab_tree.sh (after
     the patch its subject says it is on top of), so a stale patch fails here, not in a device call."""
