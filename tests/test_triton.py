@@ -124,11 +124,13 @@ def _score_elements(x_ptr, f_ptr, g_ptr, w_ptr, h_ptr, k, N: tl.constexpr, SCORE
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_score_functions_elementwise(activation):
+@pytest.mark.parametrize("sign", [1, -1])
+def test_score_functions_elementwise(activation, sign):
     """Each activation's (f, f') and its folded form's (weights times C k, f'; jfa.variants.folded) on scores x =
-    s k from -11.6 to 11.6 (k = 128^-0.5), against the reference's float64 (f, f'): float32's error (the interpreter's
-    tanh is exact; measured <= 1.5e-6 and 4.4e-6 of 1 + |x|, the fitted gelu the largest)."""
-    n, k = 4096, 128 ** -0.5
+    s k from -11.6 to 11.6 (k = 128^-0.5, and -k: jfa takes any scale, and a folded form must hold for both signs),
+    against the reference's float64 (f, f'): float32's error (the interpreter's tanh is exact; measured <= 1.5e-6 and
+    4.4e-6 of 1 + |x|, the fitted gelu the largest)."""
+    n, k = 4096, sign * 128 ** -0.5
     s = torch.linspace(-131.0, 131.0, n + 1, dtype=torch.float32)[1:]  # (no score at exactly 0: relu's kink)
     f, g, w, h = (torch.full_like(s, float("nan")) for _ in range(4))
     _score_elements[(1, )](s, f, g, w, h, k, N=n, SCORE=jfa.variants.ACTIVATIONS[activation])
