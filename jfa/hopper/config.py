@@ -45,7 +45,7 @@ KV_SLOTS = 2
 # at most this many query rows (their TMA load from DRAM, once the set frees, was most of a short item's wait).
 # Whole backward, 3 rounds: pma-256 -6.5% (H100), -2.3% (H100), -4.8% (H200); self-attention's D=128 rows lost
 # (self-skewed-8k +1.8%, +1.0%, +0.9%; causal-skewed-4k and window-256 +0.9%, +1.2% on the H200), so for_problem
-# keeps it to broadcast q. With two sets the next item's K/V loads ahead anyway, and the producer's prefetch work
+# gives it to broadcast q alone. With two sets the next item's K/V loads ahead anyway, and the producer's prefetch work
 # only delays the tiny items (pma-64's backward +10%)
 KV_PREFETCH_ROWS = 512
 
@@ -115,7 +115,7 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     # 5.72, window-256 3.75 -> 3.52, causal-skewed-4k 1.55 -> 1.51, self-skewed-8k 2.60 -> 2.55, gqa-uniform-2k
     # even; posting the slot alone: even). D=64's is untimed
     return FwdConfig(consumers=2, pingpong=True, queue=head_dim > 64, posted_items=head_dim > 64,
-                     weights_in_arms=True, q_slots=1 if head_dim > 64 else 2)
+                     weights_in_arms=True, q_slots=2 if head_dim <= 64 else 1)
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class DkdvConfig:
     # GB, L2 hits 59 -> 83%, 16.5 -> 15.9 ms)
     queue: bool = False
     # the producer's L2 prefetch of K and V for the items that walk at most this many query rows (0: none compiled;
-    # jfa.hopper.common.KvPrefetch)
+    # jfa.hopper.common.KvPrefetch; for_problem sets it for broadcast q)
     kv_prefetch_rows: int = 0
 
     @property
@@ -183,12 +183,10 @@ def select_dkdv(head_dim: int, dq: DqRoute = DqRoute.NONE, mean_q_len: float = f
         # 16 KB + the dK/dV stores' 16 KB layout conversion (3 ring stages: within 1%)
         return DkdvConfig(dq=dq, serial=head_dim <= 64, stages=3 if head_dim <= 64 else 2,
                           dq_stages=2 if head_dim <= 64 else 1, kv_slots=KV_SLOTS if head_dim <= 64 else 1,
-                          posted_items=head_dim <= 64, queue=head_dim > 64,
-                          kv_prefetch_rows=0 if head_dim <= 64 else KV_PREFETCH_ROWS)
+                          posted_items=head_dim <= 64, queue=head_dim > 64)
     if head_dim > 64 and mean_q_len <= SHORT_Q_DKDV:
         return DkdvConfig(block_m=32, serial=True, stages=2, kv_slots=KV_SLOTS, posted_items=True)
-    return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True,
-                      kv_prefetch_rows=0 if head_dim <= 64 else KV_PREFETCH_ROWS)
+    return DkdvConfig(serial=head_dim > 64, kv_slots=KV_SLOTS if head_dim <= 64 else 1, posted_items=True)
 
 
 def dq_route(broadcast: bool, mean_kv_len: float = float("inf"), deterministic: bool = False) -> DqRoute:
@@ -293,13 +291,13 @@ def for_problem(cfg, p: Problem):
     """A config chosen by shape (FwdConfig, DkdvConfig), as this problem runs it: with HSTU's mask, a dK/dV form posts
     no records (those forms were timed without the mask; a record carries the mask's fields, ItemOperands.post; the
     forward posts them with the mask as without); a one pass with dP^T beside S^T only for the TOGETHER score
-    functions without HSTU's mask (else serial)."""
+    functions without HSTU's mask (else serial); broadcast q's dK/dV forms of one K/V set prefetch K and V into L2."""
     if p.targets and cfg.posted_items and isinstance(cfg, DkdvConfig):
         cfg = dataclasses.replace(cfg, posted_items=False)
     if isinstance(cfg, DkdvConfig) and cfg.one_pass and not cfg.serial and (p.targets or p.activation not in TOGETHER):
         cfg = dataclasses.replace(cfg, serial=True)
-    if isinstance(cfg, DkdvConfig) and cfg.kv_prefetch_rows and not p.broadcast:
-        cfg = dataclasses.replace(cfg, kv_prefetch_rows=0)  # (KV_PREFETCH_ROWS: it won on broadcast q alone)
+    if isinstance(cfg, DkdvConfig) and p.broadcast and cfg.kv_slots == 1:
+        cfg = dataclasses.replace(cfg, kv_prefetch_rows=KV_PREFETCH_ROWS)  # (where and why: KV_PREFETCH_ROWS)
     return cfg
 
 
