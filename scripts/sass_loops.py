@@ -58,24 +58,21 @@ def loops(sass: str, op: str = "HGMMA") -> list[tuple[int, int, int, collections
 
 
 def _compile(args):
+    """The form's Report, compiled as jfa.hopper.aot does (each config as the problem runs it: for_problem)."""
     import torch
 
     from jfa.hopper import aot
-    from jfa.hopper.config import DqRoute, for_problem, select_dkdv, select_fwd
-    from jfa.ptxas import meta_problem
-    fields = dict(broadcast=args.broadcast)
+    from jfa.hopper.config import DqRoute, select_dkdv, select_fwd
+    fields = dict(broadcast=args.broadcast, targets=args.targets)
     if args.activation:
         fields["activation"] = args.activation
-    if args.targets:
-        fields["targets"] = True
     bf16, d = torch.bfloat16, args.head_dim
-    p = meta_problem(d, bf16, **fields)
     if args.form == "fwd":
-        return aot.compile_fwd(d, bf16, cfg=for_problem(select_fwd(d, args.mean_kv), p), **fields)
+        return aot.compile_fwd(d, bf16, cfg=select_fwd(d, args.mean_kv), **fields)
     if args.form == "dq":
         return aot.compile_dq(d, bf16, **fields)
     route = {"one-pass": DqRoute.REDUCE, "direct": DqRoute.DIRECT, "dkdv": DqRoute.NONE}[args.form]
-    return aot.compile_dkdv(d, bf16, cfg=for_problem(select_dkdv(d, route), p), **fields)
+    return aot.compile_dkdv(d, bf16, cfg=select_dkdv(d, route), **fields)
 
 
 def main(argv=None):

@@ -85,8 +85,8 @@ def _schedule(p):
 def compile_fwd(head_dim: int, dtype: torch.dtype, broadcast=False, cfg: FwdConfig | None = None, **fields) -> Report:
     """The forward (jfa.hopper.fwd) in config cfg (select_fwd's for an unbounded mean key length by default), on a
     problem of these shapes and Problem fields (jfa.ptxas.meta_problem: activation=..., targets=True, ...)."""
-    cfg = cfg or select_fwd(head_dim)
     p = meta_problem(head_dim, dtype, broadcast, **fields)
+    cfg = for_problem(cfg or select_fwd(head_dim), p)  # (as the problem runs it)
     x = _host_tensor(head_dim, dtype)
     out, lse = _outputs(p)
     args = fwd.kernel_args(p, fwd.descriptors(x, x, x, cfg), out, lse, _schedule(p))
