@@ -49,6 +49,7 @@ _G5 = tl.constexpr(-8.821956726023927e-05)
 _G7 = tl.constexpr(-3.660002039396204e-05)
 _G9 = tl.constexpr(1.418530814589758e-06)
 _RSQRT2PI = tl.constexpr(0.3989422804014327)  # Phi'(0) = 1 / sqrt(2 pi)
+_LOG2_RSQRT2PI = tl.constexpr(-1.3257480647361592)  # log2(1 / sqrt(2 pi))
 
 
 @triton.jit
@@ -77,10 +78,11 @@ def silu(x, FAST: tl.constexpr):
 @triton.jit
 def gelu(x, FAST: tl.constexpr):
     """x Phi(x) (erf's GELU) with Phi by tanh of the polynomial y (_G); f' = Phi + x Phi', Phi' = exp(-x^2 / 2) /
-    sqrt(2 pi) (by exp2: y's derivative, 5 more terms beside t, spilled the dK/dV forms)."""
+    sqrt(2 pi) (by exp2, the factor's log2 in the exponent: one FMUL an element fewer, D=128's one pass loop 746 ->
+    715 instructions; y's derivative, 5 more terms beside t, spilled the dK/dV forms)."""
     x2 = x * x
     e = 0.5 + 0.5 * _tanh(x * (_G1 + x2 * (_G3 + x2 * (_G5 + x2 * (_G7 + x2 * _G9)))), FAST)
-    return x * e, e + x * (_RSQRT2PI * tl.exp2((-0.5 * LOG2E) * x2))
+    return x * e, e + x * tl.exp2((-0.5 * LOG2E) * x2 + _LOG2_RSQRT2PI)
 
 
 @triton.jit
