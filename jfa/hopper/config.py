@@ -72,8 +72,8 @@ class FwdConfig:
     weights_in_arms: bool = False
     # Q tiles in shared memory: with 2, the producer loads the next item's Q (and so the item's first K/V blocks)
     # while this one runs (ItemOperands' sets), where one slot frees only after the item's last S. D=64, 3 rounds:
-    # d64-uniform-512 0.797 -> 0.757 ms (H200), 0.821 -> 0.752 (H100). Not D=128's short forms: one consumer,
-    # short-128 0.816 -> 1.104 (H100); two, self-uniform-1k and self-full-512 even (H200)
+    # d64-uniform-512 0.797 -> 0.757 ms (H200), 0.821 -> 0.752 (H100); D=128's long form (select_fwd). Not D=128's
+    # short forms: one consumer, short-128 0.816 -> 1.104 (H100); two, self-uniform-1k and self-full-512 even (H200)
     q_slots: int = 1
 
     @property
@@ -113,9 +113,11 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
                          pingpong=consumers == 2, q_slots=2 if head_dim <= 64 else 1)
     # D=128's long form from a work queue, posting whole records (3 rounds, ms, dealt -> queued: hstu-silu 6.25 ->
     # 5.72, window-256 3.75 -> 3.52, causal-skewed-4k 1.55 -> 1.51, self-skewed-8k 2.60 -> 2.55, gqa-uniform-2k
-    # even; posting the slot alone: even). D=64's is untimed
+    # even; posting the slot alone: even). D=64's is untimed. Two Q slots (the next item's Q and first K/V blocks
+    # load while this item runs), whose shared memory D=128 takes from a third K/V stage (H100, 3 rounds: window-256
+    # -2.5%, gqa-uniform-2k -2.7%, hstu-silu -2.4%, causal-skewed-4k -1.5%, self-skewed-8k and spike-32k even)
     return FwdConfig(consumers=2, pingpong=True, queue=head_dim > 64, posted_items=head_dim > 64,
-                     weights_in_arms=True, q_slots=2 if head_dim <= 64 else 1)
+                     weights_in_arms=True, q_slots=2, stages=2 if head_dim > 64 else 3)
 
 
 @dataclass(frozen=True)
