@@ -190,7 +190,6 @@ def test_bank_conflict_model_matches_ncu_and_finds_the_conflict_free_swizzle():
     assert bc["wavefronts"](acc, "xor", 64) == 2.0  # 32-byte groups permuted by the row (docs/experiments/dq-xor)
 
 
-
 def test_sass_loops_finds_the_innermost_mma_loops():
     """scripts/sass_loops.py on a SASS fragment in cuobjdump's form: an outer loop around an inner one with an HGMMA
     (predicated branches and labels as ptxas writes them), and a loop without one. Only the inner MMA loop is
@@ -218,6 +217,7 @@ def test_sass_loops_finds_the_innermost_mma_loops():
     ops = found[0][3]
     assert ops["HGMMA"] == 1 and ops["LDL"] == 1 and ops["FMUL"] == 1 and ops["BRA"] == 1
     assert sl["loops"](sass, op="FADD")[0][:3] == (2, 0x80, 0x90)  # the MMA-free loop, by another opcode
+
 
 def test_experiment_patches_apply(tmp_path):
     """docs/experiments: every waiting patch still applies to this commit's jfa/ through scripts/ab_tree.sh (after

@@ -261,9 +261,11 @@ def constexprs(cfg: DkdvConfig, p: Problem) -> dict:
 
 def kernel_args(p: Problem, descs, grads: tuple, lse, delta, sched) -> tuple:
     """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors): grads = (dk, dv, dq)
-    tensors (where no dQ is stored, any [rows, heads, D] tensor stands in)."""
-    return (*descs, tuple(rows(g) for g in grads), (lse, delta, lse.stride(0)), (rows(descs[2].base),
-            rows(descs[3].base)), (p.q_offsets, p.kv_offsets), sched.kernel_args(), score_args(p), p.mask_args())
+    tensors (where no dQ is stored, any [rows, heads, D] tensor stands in); K and V as their descriptors read them
+    (KvPrefetch's rows)."""
+    kv = (rows(descs[2].base), rows(descs[3].base))
+    return (*descs, tuple(rows(g) for g in grads), (lse, delta, lse.stride(0)), kv, (p.q_offsets, p.kv_offsets),
+            sched.kernel_args(), score_args(p), p.mask_args())
 
 
 def dkdv(p: Problem, dout, lse, delta, dk, dv, cfg: DkdvConfig, dq=None, kv_range=(0, UNBOUNDED)):
