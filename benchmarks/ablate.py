@@ -72,7 +72,7 @@ ABLATIONS = {
         ("hopper/bwd.py", "if (stats is not None) and variants.has_lse(shape.SCORE):", "if False:")]),
     "producer only": ("every consumer's math: each block is waited for and released, no writer", [
         ("hopper/bwd.py",
-         "                    dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,\n"
+         "                    dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=masks[seg],\n"
          "                                             DIRECT=DIRECT, idle=idle)",
          "                    c.qdo.wait(blk.it)\n"
          "                    c.qdo.release(blk.it)"),

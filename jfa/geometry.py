@@ -232,6 +232,25 @@ def has_prefix(kind, key_tiles):
     return bool(key_tiles) and kind == TARGETS.value
 
 
+@triton.constexpr_function
+def target_tests(kind, full):
+    """Whether a kernel may mask a block by HSTU's cheaper tests (jfa.targets.context_keys, window_keys): under HSTU's
+    mask, but not with rows past the window's reach (rule.FULL: with them there, the D=128 forward spilled 436-936
+    B)."""
+    return kind == TARGETS.value and not full
+
+
+@triton.jit
+def tail_seen(k0, m_tail, seq, rule, BLOCK_N: tl.constexpr):
+    """Whether every real query row from m_tail on sees every key of [k0, k0 + BLOCK_N), all of them real: a key
+    tile's walk past its mask-free blocks whose mask is only the rows' (the sequence's last, partial, block)."""
+    if rule.KIND == TARGETS:
+        return targets.tail_seen(k0, m_tail, seq, rule, BLOCK_N)
+    shift = seq[1] - seq[0]
+    return (k0 + BLOCK_N <= seq[1]) & (k0 + BLOCK_N - 1 <= m_tail + shift + rule.p[1]) & \
+        (k0 >= seq[0] - 1 + shift - rule.p[0])
+
+
 @triton.jit
 def tile_walk(start, seq, rule, BLOCK: tl.constexpr, OTHER_BLOCK: tl.constexpr, KEY_TILES: tl.constexpr):
     """The walk of the tile of BLOCK rows at `start`, every kernel's and the schedule's: (pre, lo, hi), the other

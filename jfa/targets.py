@@ -168,3 +168,28 @@ def context_rows(i, seq, rule):
     """HSTU's mask: which query rows i are context rows (each sees every history key; context_keys)."""
     _, shift = rows(seq, rule)
     return i + shift < rule.p[2]
+
+
+@triton.jit
+def key_tile_tests(k0, pre, m_lo, m_hi, seq, rule, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The cheaper tests of HSTU's mask for a key tile's walk, for keys [k0, k0 + BLOCK_N) (k0 a multiple of
+    BLOCK_N): whether the query blocks of its prefix [0, pre) see them from their context rows alone (context_rows;
+    context_keys, checked at the prefix's last block: its lo grows with the block's rows, its hi is the history's),
+    and whether in each block of BLOCK_M real rows from m_lo to m_hi (multiples of BLOCK_M) the mask is the causal
+    window's (window_visible; window_keys, checked at both ends: its tiles are those from the context's end to the
+    last before the targets)."""
+    lo, hi = context_keys(tl.maximum(pre - BLOCK_M, 0), seq, rule, BLOCK_M, BLOCK_N)
+    by_rows = (pre > 0) & (k0 >= lo) & (k0 < hi)
+    by_window = (m_hi <= seq[0]) & (k0 >= window_keys(m_lo, seq, rule, BLOCK_M, BLOCK_N)) & \
+        (k0 >= window_keys(tl.maximum(m_hi - BLOCK_M, m_lo), seq, rule, BLOCK_M, BLOCK_N))
+    return by_rows, by_window
+
+
+@triton.jit
+def tail_seen(k0, m_tail, seq, rule, BLOCK_N: tl.constexpr):
+    """HSTU's mask: whether every real query row from m_tail on sees every key of [k0, k0 + BLOCK_N): history keys,
+    an unbounded window, rows past the keys' diagonal (the history's rows see them causally, the context's rows and
+    the targets the whole history)."""
+    n, shift = rows(seq, rule)
+    _, u, _ = position(n - 1, seq, rule)
+    return (rule.p[0] >= 1 << 30) & (u > 0) & (k0 + BLOCK_N <= n - seq[2]) & (m_tail + shift >= k0 + BLOCK_N - 1)

@@ -94,3 +94,166 @@ def test_window_keys_are_where_the_mask_is_the_causal_windows(name, block_m, blo
             checked += 1
     if not full and not serving and not name.startswith(("context-longer", "context-all")):  # (not vacuous)
         assert checked > 0, name
+
+
+@triton.jit
+def _key_tile_kernel(q_offsets, kv_offsets, num_targets, OUT, context, window, full, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, TILES: tl.constexpr, LAST_ROWS: tl.constexpr, FULL: tl.constexpr):
+    """Per sequence and key block of BLOCK_N (key tiles of two, as the Hopper backward's two consumers hold them):
+    the walk's prefix end, the head's rows [lo, head end), the tail's first row and key_tile_tests' answers."""
+    from jfa.geometry import block_count, full_query_blocks, mask_rule, sequence, sequence_bounds, tail_seen, tile_walk
+    from jfa.targets import key_tile_tests
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
+    rule = mask_rule((num_targets, window, 0, context, LAST_ROWS, full, FULL))
+    seq = sequence(b, lens, rule)
+    k0 = t * BLOCK_N
+    pre, lo, hi = tile_walk(k0 - k0 % (2 * BLOCK_N), seq, rule, 2 * BLOCK_N, BLOCK_M, True)
+    j_lo, j_hi = full_query_blocks(k0, lo, block_count(lo, hi, BLOCK_M), seq, rule, BLOCK_M, BLOCK_N)
+    by_rows, by_window = key_tile_tests(k0, pre, lo, lo + j_lo * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
+    seen = tail_seen(k0, lo + j_hi * BLOCK_M, seq, rule, BLOCK_N)
+    base = OUT + (b * TILES + t) * 7
+    tl.store(base, pre)
+    tl.store(base + 1, lo)
+    tl.store(base + 2, lo + j_lo * BLOCK_M)
+    tl.store(base + 3, by_rows.to(tl.int32))
+    tl.store(base + 4, by_window.to(tl.int32))
+    tl.store(base + 5, lo + j_hi * BLOCK_M)
+    tl.store(base + 6, seen.to(tl.int32))
+
+
+@pytest.mark.parametrize("name", list(TARGET_CASES))
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (64, 64), (16, 32)])
+def test_key_tile_tests_hold_over_the_walks_they_cover(name, block_m, block_n):
+    """The Hopper backward masks a key block's prefix by the context rows' test, its head by the causal window's and
+    its tail by the real rows' where key_tile_tests says so: there, each block of the range sees exactly what that
+    test says (rows past the sequence's end none: no context rows, and the window's blocks have none)."""
+    from jfa.jagged import UNBOUNDED, visible_mask
+    lens, q_lens, targets, context, window = _target_case(name)
+    full = FULL_ROWS.get(name, 0)
+    serving = q_lens is not lens
+    tiles = max(-(-n // block_n) for n in lens) + 2
+    out = torch.full((len(lens), tiles, 7), -7, dtype=torch.int32)
+    w = UNBOUNDED if window < 0 else window
+    _key_tile_kernel[(len(lens), tiles)](offsets_of(q_lens), offsets_of(lens), torch.tensor(targets, dtype=torch.int32),
+                                         out, context, w, full, BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles,
+                                         LAST_ROWS=serving, FULL=full > 0)
+    by_rows_seen = by_window_seen = seen_tails = 0
+    for b, (lq, n, t) in enumerate(zip(q_lens, lens, targets)):
+        mask = visible_mask(lq, n, window, 0, targets=(t, context, full))
+        shift = n - lq
+        i = torch.arange(lq)[:, None] + shift
+        j = torch.arange(n)[None, :]
+        causal_window = (j <= i) & (j >= i - w)
+        for tile in range(-(-n // block_n)):
+            pre, lo, head_end, by_rows, by_window, tail, seen = out[b, tile].tolist()
+            keys = slice(tile * block_n, min((tile + 1) * block_n, n))
+            if by_rows:
+                assert pre > 0 and keys.stop - keys.start == block_n, (name, b, tile)
+                rows = torch.arange(0, min(pre, lq))
+                is_context = rows + shift < context
+                assert not (torch.arange(lq, max(pre, lq)) + shift < context).any(), (name, b, tile)
+                assert torch.equal(mask[rows, keys], is_context[:, None].expand(-1, block_n)), (name, b, tile)
+                by_rows_seen += 1
+            if by_window and head_end > lo:
+                assert not full and not serving, (name, b, tile)
+                assert head_end <= lq, (name, b, tile, head_end)
+                assert torch.equal(mask[lo:head_end, keys], causal_window[lo:head_end, keys]), (name, b, tile)
+                by_window_seen += 1
+            if seen and tail < lq:
+                assert window < 0 and keys.stop - keys.start == block_n, (name, b, tile)
+                assert mask[tail:, keys].all(), (name, b, tile, tail)
+                seen_tails += 1
+    if name in ("context", "context-window"):  # (not vacuous)
+        assert by_rows_seen > 0 and by_window_seen > 0, (name, by_rows_seen, by_window_seen)
+    if name in ("targets", "context"):
+        assert seen_tails > 0, name
+
+
+@triton.jit
+def _seen_kernel(q_offsets, kv_offsets, num_targets, OUT, context, window, full, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, TILES: tl.constexpr, BLOCKS: tl.constexpr, LAST_ROWS: tl.constexpr,
+                 FULL: tl.constexpr):
+    """jfa.geometry.tail_seen for every key block and every first row of the tail (a multiple of BLOCK_M)."""
+    from jfa.geometry import mask_rule, sequence, sequence_bounds, tail_seen
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    m = tl.program_id(2)
+    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
+    rule = mask_rule((num_targets, window, 0, context, LAST_ROWS, full, FULL))
+    seq = sequence(b, lens, rule)
+    seen = tail_seen(t * BLOCK_N, m * BLOCK_M, seq, rule, BLOCK_N)
+    tl.store(OUT + (b * TILES + t) * BLOCKS + m, seen.to(tl.int32))
+
+
+@pytest.mark.parametrize("name", ["targets", "context", "context-window", "serving-context",
+                                  "context-longer-than-history", "context-all-but-one-position"])
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 64)])
+def test_key_tile_tests_tail_is_seen_by_every_real_row(name, block_m, block_n):
+    """Wherever tail_seen says a key block is seen by every real row from a row on, for any such row (not only a
+    walk's tail), the reference mask agrees."""
+    from jfa.jagged import UNBOUNDED, visible_mask
+    lens, q_lens, targets, context, window = _target_case(name)
+    serving = q_lens is not lens
+    tiles = max(-(-n // block_n) for n in lens) + 1
+    blocks = max(-(-n // block_m) for n in q_lens) + 1
+    out = torch.full((len(lens), tiles, blocks), -7, dtype=torch.int32)
+    w = UNBOUNDED if window < 0 else window
+    _seen_kernel[(len(lens), tiles, blocks)](offsets_of(q_lens), offsets_of(lens),
+                                             torch.tensor(targets, dtype=torch.int32), out, context, w, 0,
+                                             BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, BLOCKS=blocks,
+                                             LAST_ROWS=serving, FULL=False)
+    checked = 0
+    for b, (lq, n, t) in enumerate(zip(q_lens, lens, targets)):
+        mask = visible_mask(lq, n, window, 0, targets=(t, context, 0))
+        for tile in range(tiles):
+            keys = slice(tile * block_n, (tile + 1) * block_n)
+            for m in range(blocks):
+                if out[b, tile, m] and m * block_m < lq:
+                    assert keys.stop <= n and mask[m * block_m:, keys].all(), (name, b, tile, m)
+                    checked += 1
+    if window < 0 and name != "context-longer-than-history":  # (not vacuous)
+        assert checked > 0, name
+
+
+@triton.jit
+def _window_seen_kernel(q_offsets, kv_offsets, OUT, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        TILES: tl.constexpr, BLOCKS: tl.constexpr):
+    """jfa.geometry.tail_seen under a window rule, for every key block and every first row (a multiple of BLOCK_M)."""
+    from jfa.geometry import mask_rule, sequence, sequence_bounds, tail_seen
+    b = tl.program_id(0)
+    t = tl.program_id(1)
+    m = tl.program_id(2)
+    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
+    rule = mask_rule((None, left, right))
+    seq = sequence(b, lens, rule)
+    tl.store(OUT + (b * TILES + t) * BLOCKS + m, tail_seen(t * BLOCK_N, m * BLOCK_M, seq, rule, BLOCK_N).to(tl.int32))
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (16, 0), (-1, 5), (7, 7)])
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 64)])
+def test_tail_seen_under_a_window(window, cross, block_m, block_n):
+    """tail_seen under a window (no HSTU mask): wherever it holds, every real row from that row on sees every key of
+    the block, and the keys exist; and it holds for a full attention's last blocks (not vacuous)."""
+    from jfa.jagged import UNBOUNDED, visible_mask
+    lens = [1, 2, 40, 63, 64, 65, 129, 200]
+    q_lens = [1, 5, 40, 70, 64, 3, 100, 200] if cross else lens
+    tiles = max(-(-n // block_n) for n in lens) + 1
+    blocks = max(-(-n // block_m) for n in q_lens) + 1
+    out = torch.full((len(lens), tiles, blocks), -7, dtype=torch.int32)
+    left, right = (UNBOUNDED if w < 0 else w for w in window)
+    _window_seen_kernel[(len(lens), tiles, blocks)](offsets_of(q_lens), offsets_of(lens), out, left, right,
+                                                    BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, BLOCKS=blocks)
+    checked = 0
+    for b, (lq, n) in enumerate(zip(q_lens, lens)):
+        mask = visible_mask(lq, n, *window)
+        for tile in range(tiles):
+            keys = slice(tile * block_n, (tile + 1) * block_n)
+            for m in range(blocks):
+                if out[b, tile, m] and m * block_m < lq:
+                    assert keys.stop <= n and mask[m * block_m:, keys].all(), (window, b, tile, m)
+                    checked += 1
+    if window == (-1, -1):
+        assert checked > 0

@@ -27,16 +27,19 @@ the tile (jfa.hopper.config.key_tile_schedule). Partitions:
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
 
 from .. import variants
-from ..geometry import full_query_blocks
+from ..geometry import full_query_blocks, tail_seen, target_tests
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import launch, num_sms
 from ..schedule import CACHE
+from ..targets import key_tile_tests
 from ..variants import score_args, score_fn
 from .buffers import ItemOperands, Ring, RowStats
-from .bwd_block import Consumer, DkdvGrads, OnePass, QBlock, deferred_dq, dkdv_block, one_pass_block
+from .bwd_block import (MASK_NONE, MASK_PAIRS, MASK_REAL, MASK_ROWS, MASK_WINDOW, Consumer, DkdvGrads, OnePass,
+                        QBlock, deferred_dq, dkdv_block, one_pass_block)
 from .common import WG_ROWS, Batch, KvPrefetch, Shape, aligned, mma_layout, rows, store_rows, tma_descriptor
 from .config import DkdvConfig, DqRoute, key_tile_schedule
 from .dq_reduce import DQ_COLS, DqStage, dq_writer_partition
@@ -104,6 +107,18 @@ def _load_block(it, m0, g, tile, shape, q_desc, do_desc, qdo, grads, stats):
     return it + 1
 
 
+@constexpr_function
+def _real_tail(kind, full, score, head_dim, reduce, block_m):
+    """Whether a key tile's tail takes MASK_REAL where tail_seen holds: under HSTU's cheaper tests, and in the one
+    pass with dQ by TMA reduce (DqRoute.REDUCE) from 64-row blocks at D=64 or with softmax (sm_90 SASS, its loop a
+    block 606-624 -> 462 instructions at D=128; H100, backward: d64-uniform-512 -4.3%, pma-32-d64 -12%,
+    softmax-targets -3.4%, causal-skewed-4k -1%); not D=128's 32-row short-query form, whose items are a few blocks
+    (pma-64 +2.8..6.2%, the tail loop's setup on every item), nor where the extra loop spilled inside the block loops:
+    D=128's activations under a window (silu's one pass 380 -> 964 B, 21-25 spill accesses a block; gelu_tanh's
+    alike), D=128's dK/dV pass without dQ (340 -> 572 B), the direct route's (D=64 gelu_tanh 196 -> 316 B)."""
+    return target_tests(kind, full) or (reduce and block_m == 64 and (head_dim <= 64 or score == variants.SOFTMAX))
+
+
 @gluon.jit
 def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
     """Item t (its K/V landed, or waited for here) from block it on: dK, dV (and dQ; d: the one pass's buffers, or
@@ -137,19 +152,39 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
     idle = False
     if DIRECT and (WG == 1):
         idle = tile.kv_len <= WG_ROWS
+    # the walk's segments, each with its mask: the tail's blocks by a test of the rows where every real row sees
+    # every key (tail_seen: the sequence's last, partial, block; _real_tail), and under HSTU's mask (target_tests)
+    # the prefix's blocks by a test of the context rows and the head's by the causal window's, where they hold
+    # (key_tile_tests; else the test of every pair), each a loop of its own (a branch between the tests in one loop
+    # spilled: 640 -> 1,084 B)
+    n_pre = tile.n_pre(BLOCK_M)
+    REAL_TAIL: gl.constexpr = _real_tail(c.batch.rule.KIND, c.batch.rule.FULL, c.shape.SCORE, HEAD_DIM,
+                                         ONE_PASS and not DIRECT, BLOCK_M)
+    if REAL_TAIL:
+        seen = tail_seen(k0, tile.lo + (j_hi - n_pre) * BLOCK_M, tile.seq, c.batch.rule, WG_ROWS)
+        n_seen = gl.where(seen, j_hi, n_blocks)
+    if target_tests(c.batch.rule.KIND, c.batch.rule.FULL):
+        by_rows, by_window = key_tile_tests(k0, tile.pre, tile.lo, tile.lo + (j_lo - n_pre) * BLOCK_M, tile.seq,
+                                            c.batch.rule, BLOCK_M, WG_ROWS)
+        bounds = (0, gl.where(by_rows, n_pre, 0), gl.where(by_window, n_pre, j_lo), j_lo, j_hi, n_seen, n_blocks)
+        masks: gl.constexpr = (MASK_ROWS, MASK_PAIRS, MASK_WINDOW, MASK_NONE, MASK_PAIRS, MASK_REAL)
+    elif REAL_TAIL:
+        bounds = (0, j_lo, j_hi, n_seen, n_blocks)
+        masks: gl.constexpr = (MASK_PAIRS, MASK_NONE, MASK_PAIRS, MASK_REAL)
+    else:
+        bounds = (0, j_lo, j_hi, n_blocks)
+        masks: gl.constexpr = (MASK_PAIRS, MASK_NONE, MASK_PAIRS)
     it0 = it
     for g in range(c.shape.GROUP):
         i_h = tile.head * c.shape.GROUP + g
-        for seg in gl.static_range(3):
-            begin = 0 if seg == 0 else (j_lo if seg == 1 else j_hi)
-            end_j = j_lo if seg == 0 else (j_hi if seg == 1 else n_blocks)
-            for j in range(begin, end_j):
+        for seg in gl.static_range(len(masks)):
+            for j in range(bounds[seg], bounds[seg + 1]):
                 blk = QBlock(tile.block_start(j, BLOCK_M), it, t, i_h, it0)
                 if ONE_PASS:
-                    dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=seg != 1,
+                    dk, dv = one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED=masks[seg],
                                              DIRECT=DIRECT, idle=idle)
                 else:
-                    dk, dv = dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED=seg != 1)
+                    dk, dv = dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED=masks[seg])
                 it += 1
     if ONE_PASS:
         if not DIRECT:

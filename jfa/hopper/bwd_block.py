@@ -15,7 +15,8 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .. import variants
-from ..geometry import visible
+from ..geometry import visible, window_visible
+from ..targets import context_rows
 from .buffers import ItemOperands, Ring, RowStats
 from .common import WG_ROWS, Batch, Rows, Shape, aggregate, mma_layout, store_rows
 from .dq_reduce import DQ_COLS, DqStage, dq_chunk
@@ -105,10 +106,45 @@ class QBlock:
         self.it0 = it0
 
 
+# how a block is masked (dkdv_block's and one_pass_block's MASKED): not at all (a bulk block), by the test of every
+# pair, by its real rows alone (MASK_REAL: jfa.geometry.tail_seen), and under HSTU's mask (jfa.geometry.target_tests)
+# by the cheaper tests of a key tile's walk (jfa.targets.key_tile_tests): its context rows alone (MASK_ROWS) or the
+# causal window's (MASK_WINDOW). HSTU's rule takes several operations a pair: the D=128 one pass's masked loops ran
+# 1,030-1,100 instructions a block, the causal ones 720-740
+MASK_NONE = gl.constexpr(0)
+MASK_PAIRS = gl.constexpr(1)
+MASK_ROWS = gl.constexpr(2)
+MASK_WINDOW = gl.constexpr(3)
+MASK_REAL = gl.constexpr(4)
+
+
+@gluon.jit
+def _mask(pt, gt, c, offs_m, offs_n, tile, in_q, MASKED: gl.constexpr):
+    """A masked block's (P^T, G^T) with the invisible pairs at 0: the queries past the sequence's end (in_q: the real
+    ones; None in the one pass, which also zeroes the keys past it: they would reach dQ), and the pairs outside the
+    rule. MASK_ROWS and MASK_WINDOW blocks hold no such row, and MASK_ROWS and MASK_REAL no such key (the history's
+    keys; window_visible tests them)."""
+    SCORE: gl.constexpr = c.shape.SCORE
+    i = gl.expand_dims(offs_m, 0)
+    j = gl.expand_dims(offs_n, 1)
+    if MASKED == MASK_ROWS:
+        vis = context_rows(i, tile.seq, c.batch.rule)
+    elif MASKED == MASK_WINDOW:
+        vis = window_visible(i, j, tile.seq, c.batch.rule)
+    elif MASKED == MASK_REAL:
+        vis = i < tile.q_len
+    elif in_q is None:
+        vis = visible(i, j, tile.seq, c.batch.rule, KEY_MAJOR=True)
+    else:
+        vis = gl.expand_dims(in_q, 0) & visible(i, j, tile.seq, c.batch.rule, QUERIES=False, KEYS=False,
+                                                KEY_MAJOR=True)
+    return variants.mask_grads(pt, gt, vis, SCORE)
+
+
 @gluon.jit
 def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
     """One (Q, dO) block of BLOCK_M query rows against this warpgroup's keys: dV += P^T dO, dK += dS^T Q.
-    MASKED: zero the pairs outside the window and the queries past the sequence's end (else a bulk block).
+    MASKED (MASK_*): zero the pairs outside the window and the queries past the sequence's end (else a bulk block).
     SERIAL: S^T, then dV's MMA, then dP^T, then dK's (fewer live registers); else S^T and dP^T together.
     K and V are taken from item t's set per block: made once per item, this path's MMAs read shared memory out of
     bounds at D=64 with two sets (compute-sanitizer; per block: 0 errors)."""
@@ -143,9 +179,7 @@ def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
         st = warpgroup_mma_wait(num_outstanding=0, deps=(st, ))
     pt, gt = variants.bwd_weights(st, lse2, grads.score, SCORE, FOLD=variants.fold_backward(dv.type.shape[1]))
     if MASKED:  # keys past the sequence's end only feed dK/dV rows that are never stored: not tested
-        vis = gl.expand_dims(in_q, 0) & visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq,
-                                                c.batch.rule, QUERIES=False, KEYS=False, KEY_MAJOR=True)
-        pt, gt = variants.mask_grads(pt, gt, vis, SCORE)
+        pt, gt = _mask(pt, gt, c, offs_m, offs_n, tile, in_q, MASKED)
     if SERIAL:
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
@@ -248,8 +282,7 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
                                     FOLD=variants.fold_backward(dv.type.shape[1]))
     if MASKED:
         offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
-        vis = visible(gl.expand_dims(offs_m, 0), gl.expand_dims(offs_n, 1), tile.seq, c.batch.rule, KEY_MAJOR=True)
-        pt, gt = variants.mask_grads(pt, gt, vis, SCORE)
+        pt, gt = _mask(pt, gt, c, offs_m, offs_n, tile, None, MASKED)
     # P^T as dV's register A operand (FA3's Mma_dKV_is_RS): no trip through shared memory, so no store, fence and
     # warpgroup barrier before dV's MMA, and no barrier before dS^T takes the buffer
     acc_layout: gl.constexpr = mma_layout(c.kv_ops.a.shape[2])

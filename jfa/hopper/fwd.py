@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 from .. import variants
 from ..bwd_common import scaled_rows
-from ..geometry import TARGETS, block_count, key_blocks, key_range, visible, window_visible
+from ..geometry import TARGETS, block_count, key_blocks, key_range, target_tests, visible, window_visible
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import launch, num_sms
@@ -80,22 +80,15 @@ def _visible(i_row, n0, tile, batch, BLOCK_N: gl.constexpr, s_cols: gl.constexpr
     return visible(i_row, j, tile.seq, batch.rule, QUERIES=False)
 
 
-@constexpr_function
-def _target_tests(kind, full):
-    """Whether _hide takes HSTU's cheaper tests (jfa.targets.context_keys, window_keys): under HSTU's mask, but not
-    with rows past the window's reach (rule.FULL: with them there, its D=128 forms spilled 436-936 B)."""
-    return kind == TARGETS.value and not full
-
-
 @gluon.jit
 def _hide(x, i_row, n0, edges, tile, batch, s_cols: gl.constexpr, SCORE: gl.constexpr):
     """x (scores or weights) of block n0, outside its rows' mask-free blocks, with the invisible pairs hidden: under
-    HSTU's mask (_target_tests), the blocks its context rows alone see (jfa.targets.context_keys) by a test of the
-    rows, and where it is the causal window's (window_keys: a history tile's diagonal) by the window's test; else the
-    mask of every pair (HSTU's rule takes several operations a pair)."""
+    HSTU's mask (jfa.geometry.target_tests), the blocks its context rows alone see (jfa.targets.context_keys) by a
+    test of the rows, and where it is the causal window's (window_keys: a history tile's diagonal) by the window's
+    test; else the mask of every pair (HSTU's rule takes several operations a pair)."""
     BLOCK_N: gl.constexpr = x.shape[1]
     rule = batch.rule
-    if _target_tests(rule.KIND, rule.FULL):
+    if target_tests(rule.KIND, rule.FULL):
         if (n0 >= edges[3]) & (n0 < edges[4]):
             x = variants.hide(x, context_rows(i_row, tile.seq, rule), SCORE)
         elif len(edges) > 5:  # (window_keys given: _softmax_item)
@@ -201,7 +194,7 @@ def _softmax_item(WG: gl.constexpr, shape, batch, tile, t, it, q_ops, kv, out):
         _, hi = key_range(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
         n_own = gl.minimum(block_count(tile.lo, hi, BLOCK_N), n_blocks)
     i_row = gl.expand_dims(row0 + gl.arange(0, WG_ROWS, layout=s_rows), 1)
-    if _target_tests(batch.rule.KIND, batch.rule.FULL):  # (HSTU's cheaper tests: the ranges they take)
+    if target_tests(batch.rule.KIND, batch.rule.FULL):  # (HSTU's cheaper tests: the ranges they take)
         ctx_lo, ctx_hi = context_keys(row0, tile.seq, batch.rule, WG_ROWS, BLOCK_N)
         edges = (i_row, full_lo, full_hi, ctx_lo, ctx_hi)
         if has_window_keys(batch.rule.LAST_ROWS, batch.rule.FULL) and HEAD_DIM > 64:  # (at D=64 its test spilled
