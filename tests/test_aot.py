@@ -58,7 +58,7 @@ HOPPER_WGMMA = {("hopper_fwd", 64): 48, ("hopper_fwd", 64, "short"): 24, ("hoppe
                 ("hopper_dkdv_dq", 64): 144, ("hopper_dkdv_dq", 128): 168, ("hopper_fwd", 128, "short-tile"): 24,
                 ("hopper_bwd", 128, "short-q"): 184, ("hopper_dkdv", 128, "short-q"): 120}  # (D=128 one pass: the item's deferred dQ flush; D=64's long
 # forward: two consumers in ping-pong, its short forms one; the one pass's tail of real rows a loop of its own, where
-# jfa.hopper.bwd._real_tail takes it: D=64, and D=128's softmax)
+# jfa.hopper.bwd._real_tail takes it: D=64, and D=128's softmax from 64-row blocks)
 # The one-pass backward (hopper_bwd) spills too: at D=64 the 1-warp producer (24 registers) around its LSE/Delta
 # loads, at D=128 the consumers' loop scalars (dK, dV, dQ accumulators and S^T take 160 of 240 registers).
 # (the one pass reads Delta after dV's and dP^T's MMAs, where it is used: D=128 one pass 932 -> 428, direct 172 -> 76;
