@@ -171,6 +171,21 @@ def test_key_tile_tests_hold_over_the_walks_they_cover(name, block_m, block_n):
         assert seen_tails > 0, name
 
 
+def _check_tail_seen(out, seqs, block_m, block_n, tag):
+    """Wherever a tail_seen kernel's out [B, tiles, blocks] holds for a key block from a real row on, the keys exist
+    and every row from there on sees every one of them in the reference mask (seqs: per sequence (Lq, Lk, mask)):
+    how many such blocks there were."""
+    checked = 0
+    for b, (lq, n, mask) in enumerate(seqs):
+        for tile in range(out.shape[1]):
+            keys = slice(tile * block_n, (tile + 1) * block_n)
+            for m in range(out.shape[2]):
+                if out[b, tile, m] and m * block_m < lq:
+                    assert keys.stop <= n and mask[m * block_m:, keys].all(), (tag, b, tile, m)
+                    checked += 1
+    return checked
+
+
 @triton.jit
 def _seen_kernel(q_offsets, kv_offsets, num_targets, OUT, context, window, full, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, TILES: tl.constexpr, BLOCKS: tl.constexpr, LAST_ROWS: tl.constexpr,
@@ -204,15 +219,8 @@ def test_key_tile_tests_tail_is_seen_by_every_real_row(name, block_m, block_n):
                                              torch.tensor(targets, dtype=torch.int32), out, context, w, 0,
                                              BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, BLOCKS=blocks,
                                              LAST_ROWS=serving, FULL=False)
-    checked = 0
-    for b, (lq, n, t) in enumerate(zip(q_lens, lens, targets)):
-        mask = visible_mask(lq, n, window, 0, targets=(t, context, 0))
-        for tile in range(tiles):
-            keys = slice(tile * block_n, (tile + 1) * block_n)
-            for m in range(blocks):
-                if out[b, tile, m] and m * block_m < lq:
-                    assert keys.stop <= n and mask[m * block_m:, keys].all(), (name, b, tile, m)
-                    checked += 1
+    seqs = [(lq, n, visible_mask(lq, n, window, 0, targets=(t, context, 0))) for lq, n, t in zip(q_lens, lens, targets)]
+    checked = _check_tail_seen(out, seqs, block_m, block_n, name)
     if window < 0 and name != "context-longer-than-history":  # (not vacuous)
         assert checked > 0, name
 
@@ -246,14 +254,7 @@ def test_tail_seen_under_a_window(window, cross, block_m, block_n):
     left, right = (UNBOUNDED if w < 0 else w for w in window)
     _window_seen_kernel[(len(lens), tiles, blocks)](offsets_of(q_lens), offsets_of(lens), out, left, right,
                                                     BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, BLOCKS=blocks)
-    checked = 0
-    for b, (lq, n) in enumerate(zip(q_lens, lens)):
-        mask = visible_mask(lq, n, *window)
-        for tile in range(tiles):
-            keys = slice(tile * block_n, (tile + 1) * block_n)
-            for m in range(blocks):
-                if out[b, tile, m] and m * block_m < lq:
-                    assert keys.stop <= n and mask[m * block_m:, keys].all(), (window, b, tile, m)
-                    checked += 1
+    seqs = [(lq, n, visible_mask(lq, n, *window)) for lq, n in zip(q_lens, lens)]
+    checked = _check_tail_seen(out, seqs, block_m, block_n, window)
     if window == (-1, -1):
         assert checked > 0

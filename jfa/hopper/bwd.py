@@ -141,8 +141,8 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
         c.kv_ops.wait(t, WG)
     # blocks [0, j_lo) and [j_hi, n_blocks) need the mask; [j_lo, j_hi) is this warpgroup's bulk
     j_lo, j_hi = full_query_blocks(k0, tile.lo, n_blocks, tile.seq, c.batch.rule, BLOCK_M, WG_ROWS)
+    n_pre = tile.n_pre(BLOCK_M)
     if tile.PREFIX:  # the walk's prefix: its (masked) blocks first (Item.block_start)
-        n_pre = tile.n_pre(BLOCK_M)
         n_blocks, j_lo, j_hi = n_blocks + n_pre, j_lo + n_pre, j_hi + n_pre
     if ONE_PASS:  # keys past the sequence's end reach dQ: their blocks take the mask
         j_hi = gl.where(k0 + WG_ROWS > tile.kv_len, j_lo, j_hi)
@@ -157,7 +157,6 @@ def _dkdv_item(c, d, tile, t, it, DIRECT: gl.constexpr):
     # the prefix's blocks by a test of the context rows and the head's by the causal window's, where they hold
     # (key_tile_tests; else the test of every pair), each a loop of its own (a branch between the tests in one loop
     # spilled: 640 -> 1,084 B)
-    n_pre = tile.n_pre(BLOCK_M)
     REAL_TAIL: gl.constexpr = _real_tail(c.batch.rule.KIND, c.batch.rule.FULL, c.shape.SCORE, HEAD_DIM,
                                          ONE_PASS and not DIRECT, BLOCK_M)
     if REAL_TAIL:
