@@ -8,7 +8,8 @@ import collections
 import re
 import sys
 
-LINE = re.compile(r"^(\S+)\s+(\S+)\s+(.+?)\s+([\d.]+) ms\b(?:[^|]*?@ (\d+) MHz)?")
+LINE = re.compile(r"^(\S+)\s+(\S+)\s+(.+)$")
+PART = re.compile(r"^\s*(.+?)\s+([\d.]+) ms\b(?:[^|]*?@ (\d+) MHz)?")  # one part of a line: "PART MS ms ... @ MHz"
 
 
 def summary(lines) -> list[str]:
@@ -19,12 +20,17 @@ def summary(lines) -> list[str]:
         m = LINE.match(line)
         if not m:
             continue
-        tree, workload, part, ms = m.group(1), m.group(2), m.group(3).strip(), float(m.group(4))
-        times[(workload, part)].append((tree, ms))
-        if m.group(5):
-            clocks[(workload, part, tree)].append(float(m.group(5)))
-        if tree not in trees:
-            trees.append(tree)
+        tree, workload = m.group(1), m.group(2)
+        for cell in m.group(3).split(" | "):  # (passes.py puts every part on the line, " | " between)
+            p = PART.match(cell)
+            if not p:
+                continue
+            part, ms = p.group(1).strip(), float(p.group(2))
+            times[(workload, part)].append((tree, ms))
+            if p.group(3):
+                clocks[(workload, part, tree)].append(float(p.group(3)))
+            if tree not in trees:
+                trees.append(tree)
     out = []
     for (workload, part), rows in times.items():
         by_tree = collections.defaultdict(list)

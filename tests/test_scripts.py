@@ -283,3 +283,8 @@ def test_ab_summary_means_each_tree_against_this():
     clocked = summary(["x w1  forward 2.000 ms 100 TF/s @ 1700 MHz 600 W", "x w1  forward 2.000 ms @ 1800 MHz 650 W",
                        "this  w1  forward 2.000 ms 100 TF/s @ 1500 MHz 700 W"])  # (passes.py --clocks)
     assert clocked[0].endswith("(2.000, 2.000) 1750 MHz | this 2.000 (2.000) 1500 MHz"), clocked
+    both = summary(["x w1  forward 2.000 ms 100 TF/s @ 1700 MHz 600 W | backward (default) 6.000 ms 90 TF/s",
+                    "this  w1  forward 4.000 ms 50 TF/s @ 1500 MHz 700 W | backward (default) 3.000 ms 80 TF/s"])
+    assert [o.split()[:5] for o in both] == [["w1", "forward", "x", "2.000", "-50.0%"],
+                                             ["w1", "backward", "(default)", "x", "6.000"]], both  # (every part)
+    assert both[1].split()[5] == "+100.0%", both
