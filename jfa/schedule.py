@@ -6,9 +6,10 @@ backward's dK/dV pass: ScheduleSpec.key_tiles), times one of ``heads``. Its cost
 blocks of the other side it visits (jfa.geometry.tile_walk, the kernels' own walk). Items are dealt to the
 CTAs in a zigzag (round r deals CTA 0..S-1 when r is even, S-1..0 when odd), the scheme of Meta's TLX jagged
 kernel, in this order: tiles ranked by their sequence's heaviest tile (heaviest first, a sequence's tiles
-together), cut into windows of WINDOW_ROUNDS rounds, heaviest first inside each window (costs in CLASSES classes);
-each window's complete rounds turned by ROTATE CTAs from the last (every window ends with its lightest items, which
-would otherwise land on the same CTAs every time: window-256 1.07).
+together), cut into windows of WINDOW_ROUNDS rounds, heaviest first inside each window (costs in CLASSES classes),
+and inside a window's cost class head by head (so the concurrent items hold fewer heads' K/V, _deal: forward 1-3%
+faster on most long batches, backward even); each window's complete rounds turned by ROTATE CTAs from the last (every
+window ends with its lightest items, which would otherwise land on the same CTAs every time: window-256 1.07).
 Ranked by each tile's own cost alone (as before), a causal batch's concurrent tiles came from ~100 sequences and
 the forward read K/V from DRAM (causal-skewed-4k: DRAM 79% busy); ranked by sequence alone, the CTA loads were
 uneven (max/mean 1.18). Windows of two rounds: 1.02, with a working set of ~22 MB (docs/perf-notes.md).
@@ -60,7 +61,7 @@ class Schedule:
     heads: int
     seen: torch.Tensor  # int64 [2 (B + 1)]: the tiled then the other side's offsets the schedule was built from
     scratch: torch.Tensor  # int32: per-sequence tile ends and keys [B] each, two histograms [buckets] each, the first
-    # ranks [capacity], two window histograms [windows * CLASSES] each (_scratch_size)
+    # ranks [capacity], three window histograms [windows * CLASSES] each (_scratch_size)
     # int32 [1 + 2 ctas]: a work queue's next rank (zeroed by every refresh: deal_slot), then each CTA's two
     # mailboxes, where its producer posts the slot of each item it takes (jfa.hopper.items.WorkList.post)
     ticket: torch.Tensor
@@ -180,8 +181,8 @@ def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, kv_range, BLOCK_M
     batch, capacity, heads, ctas, buckets, window = sizes
     tl.store(sched[4], 0)  # the work queue starts over (Schedule.ticket)
     if _offsets_changed(tiled, other, seen, batch, BLOCK):
-        # scratch: tile_ends, seq_key [batch] each, hist, cursor [buckets] each, rank1 [capacity], hist2, cursor2
-        # [windows] each, top [1] (the heaviest tile cost of all)
+        # scratch: tile_ends, seq_key [batch] each, hist, cursor [buckets] each, rank1 [capacity], hist2, cursor2,
+        # starts2 [windows] each, top [1] (the heaviest tile cost of all)
         tile_ends = scratch
         seq_key = tile_ends + batch
         hist = seq_key + batch
@@ -191,7 +192,8 @@ def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, kv_range, BLOCK_M
         windows = nwin * (_CLASSES + 1)
         hist2 = rank1 + capacity
         cursor2 = hist2 + windows
-        top = cursor2 + windows
+        starts2 = cursor2 + windows
+        top = starts2 + windows
         full_rounds = capacity * heads // ctas  # complete rounds of the deal
         _record_offsets(tiled, other, offsets[1], kv_range, seen, tile_ends, batch, BLOCK_M, BLOCK)
         _fill(hist, buckets, BLOCK)
@@ -206,8 +208,9 @@ def refresh_kernel(offsets, seen, scratch, sched, sizes, mask, kv_range, BLOCK_M
         _rank_by_sequence((seq_key, hist, cursor, rank1, hist2), sched, sizes, nwin, classes_over, BLOCK)
         tl.debug_barrier()
         _suffix_starts(hist2, cursor2, windows, BLOCK)
+        _suffix_starts(hist2, starts2, windows, BLOCK)  # (kept: the deal's atomics move cursor2)
         tl.debug_barrier()
-        _deal(cursor2, rank1, sched, sizes, (nwin, classes_over, full_rounds), BLOCK)
+        _deal((cursor2, starts2, hist2), rank1, sched, sizes, (nwin, classes_over, full_rounds), BLOCK)
 
 
 @triton.jit
@@ -259,12 +262,16 @@ def _rank_by_sequence(parts, sched, sizes, nwin, classes_over, BLOCK: tl.constex
 
 
 @triton.jit
-def _deal(cursor2, rank1, sched, sizes, counts, BLOCK: tl.constexpr):
-    """The second sort's final ranks, each tile's items dealt to the CTAs in a zigzag (order, by sm_start); counts:
+def _deal(buckets, rank1, sched, sizes, counts, BLOCK: tl.constexpr):
+    """The second sort's final ranks, each tile's items dealt to the CTAs in a zigzag (order, by sm_start), head by
+    head inside each (window, cost class) bucket: item (tile of rank r, head h) of a bucket of n tiles from rank s
+    takes rank s heads + h n + (r - s), so the concurrent items share fewer heads' K/V (equal-cost items only change
+    places: the balance is the tile-major deal's). buckets: (the cursors, their starts, their sizes); counts:
     (windows, the cost classes' divisor, complete rounds of the deal)."""
     tile_cost, order, sm_start = sched[1], sched[2], sched[3]
     capacity, heads, ctas, window = sizes[1], sizes[2], sizes[3], sizes[5]
     nwin, classes_over, full_rounds = counts
+    cursor2, starts2, hist2 = buckets
     for t0 in range(0, capacity, BLOCK):
         idx = t0 + tl.arange(0, BLOCK)
         keep = idx < capacity
@@ -272,8 +279,10 @@ def _deal(cursor2, rank1, sched, sizes, counts, BLOCK: tl.constexpr):
         rank = tl.load(rank1 + idx, mask=keep, other=0)
         bucket = _window_bucket(rank, cost, window, nwin, classes_over, _CLASSES)
         rank = tl.atomic_add(cursor2 + bucket, 1, mask=keep)
+        first = tl.load(starts2 + bucket, mask=keep, other=0, cache_modifier=".cg")
+        size = tl.load(hist2 + bucket, mask=keep, other=1, cache_modifier=".cg")  # (written by atomics in L2)
         for h in range(0, heads):
-            slot = deal_slot(rank * heads + h, ctas, full_rounds, sm_start, keep)
+            slot = deal_slot(first * heads + h * size + rank - first, ctas, full_rounds, sm_start, keep)
             tl.store(order + slot, tl.where(cost >= 0, idx * heads + h, -1), mask=keep)
 
 
@@ -332,7 +341,7 @@ def _buckets(spec: ScheduleSpec, other_rows: int) -> int:
 def _scratch_size(spec: ScheduleSpec, batch: int, other_rows: int) -> int:
     """refresh_kernel's scratch (Schedule.scratch): int32 entries."""
     cap = capacity(spec, batch)
-    return 2 * batch + 2 * _buckets(spec, other_rows) + cap + 2 * (-(-cap // window_tiles(spec))) * (CLASSES + 1) + 1
+    return 2 * batch + 2 * _buckets(spec, other_rows) + cap + 3 * (-(-cap // window_tiles(spec))) * (CLASSES + 1) + 1
 
 
 def allocate(spec: ScheduleSpec, batch: int, other_rows: int, device) -> Schedule:

@@ -3,6 +3,7 @@ table, each tile's cost and the zigzag deal (sequences together, heaviest first 
 spec written from the visibility rule; the load balance on the suite's skewed workloads; and reuse that stays
 correct whatever rewrote the offsets in place (#16)."""
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -42,14 +43,15 @@ def _tile_cost(mask, rows, block, key_tiles, targets):
 
 
 def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
-    """Brute force: (tiles [(seq, tile)], cost per tile slot, per-CTA list of item costs in deal order, the item
-    costs in rank order).
+    """Brute force: (tiles [(seq, tile)], cost per tile slot, per-CTA list of item costs in deal order, the items
+    (tile slot x heads + head) in rank order).
 
     A tile of rows [m0, m0 + block_m) visits the key blocks from the first visible key, aligned down to
     block_n, to the last visible key. Tiles are ranked by their sequence's heaviest tile cost, heaviest first
     (ties in id order: a sequence's tiles together), then cut into windows of window_tiles and ranked by window,
-    then by cost class (of the heaviest cost; spare capacity last), then by id; the item of rank r goes to
-    CTA zigzag(r), turned by ROTATE per window of complete rounds."""
+    then by cost class (of the heaviest cost; spare capacity last), then by id; inside each (window, cost class)
+    bucket the items go head by head; the item of rank r goes to CTA zigzag(r), turned by ROTATE per window of
+    complete rounds."""
     tiles, costs, heaviest = [], [], []
     for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
         first_tile = len(costs)
@@ -75,15 +77,18 @@ def spec_schedule(q_lens, kv_lens, spec: ScheduleSpec, num_targets=None):
         return 1 + costs[i] * schedule.CLASSES // top if costs[i] >= 0 else 0
 
     final = sorted(range(len(first)), key=lambda r: (r // window, -cost_class(first[r]), first[r]))
+    # inside a (window, cost class) bucket, head by head: the items of head 0 of its tiles, then head 1's, ...
+    buckets = [list(g) for _, g in itertools.groupby(final, key=lambda r: (r // window, cost_class(first[r])))]
+    items = [first[f] * spec.heads + h for b in buckets for h in range(spec.heads) for f in b]
     per_cta, ranked = [[] for _ in range(spec.ctas)], []
     full_rounds = len(costs) * spec.heads // spec.ctas
-    for r, i in enumerate(first[f] * spec.heads + h for f in final for h in range(spec.heads)):
+    for r, i in enumerate(items):
         rnd, k = divmod(r, spec.ctas)
         cta = k if rnd % 2 == 0 else spec.ctas - 1 - k
         if rnd < full_rounds:
             cta = (cta + rnd // schedule.WINDOW_ROUNDS * schedule.ROTATE) % spec.ctas
         per_cta[cta].append(costs[i // spec.heads])
-        ranked.append(costs[i // spec.heads])
+        ranked.append(i)
     return tiles, costs, per_cta, ranked
 
 
@@ -131,8 +136,8 @@ def _deal_slots_kernel(sm_start, OUT, n, ctas, full_rounds, BLOCK: tl.constexpr)
 @pytest.mark.parametrize("block_m,block_n,heads,ctas", [(64, 32, 2, 3), (32, 64, 1, 4)])
 def test_work_queue_walks_the_ranks(name, block_m, block_n, heads, ctas):
     """A work queue (jfa.hopper.items.WorkList.take) reads rank r's item at deal_slot(r): walked in rank order it
-    gives the spec's items in the spec's order (by cost: equal buckets may order their tiles either way), every
-    item once."""
+    gives the spec's items in the spec's order (by cost and head: equal buckets may order their tiles either way),
+    every item once."""
     q_lens, kv_lens, causal, window = CASES[name]
     kv_lens = kv_lens or q_lens
     qo, ko = offsets_of(q_lens), offsets_of(kv_lens)
@@ -143,7 +148,9 @@ def test_work_queue_walks_the_ranks(name, block_m, block_n, heads, ctas):
     _deal_slots_kernel[(1, )](sched.sm_start, slots, n, ctas, n // ctas, BLOCK=triton.next_power_of_2(n))
     items = sched.order[slots.long()].tolist()
     _, costs, _, ranked = spec_schedule(q_lens, kv_lens, spec)
-    assert [costs[i // heads] if i >= 0 else -1 for i in items] == ranked
+    assert [costs[i // heads] if i >= 0 else -1 for i in items] == [costs[i // heads] for i in ranked]
+    # (a spare tile's items are -1 in the schedule: their heads are the spec's too, by rank)
+    assert [i % heads for i in items if i >= 0] == [i % heads for i in ranked if costs[i // heads] >= 0]
     assert sorted(items) == sorted(sched.order.tolist())
 
 
