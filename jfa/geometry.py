@@ -252,6 +252,21 @@ def tail_seen(k0, m_tail, seq, rule, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def right_edge(i, j, seq, rule):
+    """Query rows i [M, 1] within the right edge of their window for key rows j [1, N], one comparison a pair against
+    a bound a row (where edge_in_keys or the block's keys say it is the mask, past the rows' left edge)."""
+    return j <= i + (seq[1] - seq[0]) + rule.p[1]
+
+
+@triton.jit
+def edge_in_keys(m0, seq, rule, BLOCK_M: tl.constexpr):
+    """Whether the right edge of every real query row of [m0, m0 + BLOCK_M) stays inside the keys (causal self
+    attention's does): past its left edge (a key block from full_blocks' first on), such a tile's mask is right_edge
+    alone, key blocks that run past the sequence's end included."""
+    return tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + (seq[1] - seq[0]) + rule.p[1] < seq[1]
+
+
+@triton.jit
 def tile_walk(start, seq, rule, BLOCK: tl.constexpr, OTHER_BLOCK: tl.constexpr, KEY_TILES: tl.constexpr):
     """The walk of the tile of BLOCK rows at `start`, every kernel's and the schedule's: (pre, lo, hi), the other
     side's rows [0, pre) first (query_prefix: 0, a constant, unless has_prefix), then [lo, hi) (lo aligned down

@@ -258,3 +258,62 @@ def test_tail_seen_under_a_window(window, cross, block_m, block_n):
     checked = _check_tail_seen(out, seqs, block_m, block_n, window)
     if window == (-1, -1):
         assert checked > 0
+
+
+@triton.jit
+def _row_edge_kernel(q_offsets, kv_offsets, OUT, EDGE, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     TILES: tl.constexpr, BLOCKS: tl.constexpr):
+    """The forward's cheaper test under a window, per query tile and key block: whether it takes the right edge alone
+    (past full_blocks' first block, with edge_in_keys or every key of the block real), and right_edge on the pairs
+    as the forward holds them (rows first)."""
+    from jfa.geometry import edge_in_keys, key_blocks, mask_rule, right_edge, sequence, sequence_bounds
+    b = tl.program_id(0)
+    m = tl.program_id(1)
+    t = tl.program_id(2)
+    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
+    rule = mask_rule((None, left, right))
+    seq = sequence(b, lens, rule)
+    _, full_lo, _, _ = key_blocks(m * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
+    n0 = t * BLOCK_N
+    takes = (n0 >= full_lo) & (edge_in_keys(m * BLOCK_M, seq, rule, BLOCK_M) | (n0 + BLOCK_N <= seq[1]))
+    tile = (b * BLOCKS + m) * TILES + t
+    tl.store(OUT + tile, takes.to(tl.int32))
+    i = tl.expand_dims(m * BLOCK_M + tl.arange(0, BLOCK_M), 1)
+    j = tl.expand_dims(n0 + tl.arange(0, BLOCK_N), 0)
+    offs = tl.expand_dims(tl.arange(0, BLOCK_M), 1) * BLOCK_N + tl.expand_dims(tl.arange(0, BLOCK_N), 0)
+    tl.store(EDGE + tile * BLOCK_M * BLOCK_N + offs, right_edge(i, j, seq, rule).to(tl.int32))
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (16, 0), (-1, 5), (7, 7), (100, 3), (40, 40)])
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 64)])
+def test_the_forwards_right_edge_is_the_mask_where_it_is_taken(window, cross, block_m, block_n):
+    """Wherever the forward takes the right edge alone for a query tile's key block, right_edge is the reference mask
+    on the tile's real rows against every key of the block (keys past the sequence's end unseen); and the causal
+    diagonal takes it (not vacuous)."""
+    from jfa.jagged import UNBOUNDED, visible_mask
+    lens = [1, 2, 40, 63, 64, 65, 129, 200]
+    q_lens = [1, 5, 40, 70, 64, 3, 100, 200] if cross else lens
+    tiles = max(-(-n // block_n) for n in lens) + 1
+    blocks = max(-(-n // block_m) for n in q_lens) + 1
+    out = torch.full((len(lens), blocks, tiles), -7, dtype=torch.int32)
+    edge = torch.full((len(lens), blocks, tiles, block_m, block_n), -7, dtype=torch.int32)
+    left, right = (UNBOUNDED if w < 0 else w for w in window)
+    _row_edge_kernel[(len(lens), blocks, tiles)](offsets_of(q_lens), offsets_of(lens), out, edge, left, right,
+                                                 BLOCK_M=block_m, BLOCK_N=block_n, TILES=tiles, BLOCKS=blocks)
+    checked = 0
+    for b, (lq, n) in enumerate(zip(q_lens, lens)):
+        mask = torch.zeros(blocks * block_m, tiles * block_n, dtype=torch.bool)
+        mask[:lq, :n] = visible_mask(lq, n, *window)
+        for m in range(blocks):
+            real = slice(m * block_m, min((m + 1) * block_m, lq))
+            if real.start >= real.stop:
+                continue
+            for tile in range(tiles):
+                if out[b, m, tile]:
+                    keys = slice(tile * block_n, (tile + 1) * block_n)
+                    got = edge[b, m, tile][:real.stop - real.start].bool()
+                    assert torch.equal(got, mask[real, keys]), (window, b, m, tile)
+                    checked += 1
+    if window == (-1, 0):
+        assert checked > 0
