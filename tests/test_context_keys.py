@@ -226,16 +226,31 @@ def test_key_tile_tests_tail_is_seen_by_every_real_row(name, block_m, block_n):
 
 
 @triton.jit
+def _window_sequence(q_offsets, kv_offsets, b, left, right):
+    """Sequence b's (rule, seq) under the window (left, right) alone: the window tests' kernels' common start."""
+    from jfa.geometry import mask_rule, sequence, sequence_bounds
+    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
+    rule = mask_rule((None, left, right))
+    return rule, sequence(b, lens, rule)
+
+
+def _window_batch(cross, block_m, block_n):
+    """The window tests' batch: (key lengths, query lengths, key tiles, query blocks), the counts one past the
+    longest sequence's (a block wholly past every end tested too)."""
+    lens = [1, 2, 40, 63, 64, 65, 129, 200]
+    q_lens = [1, 5, 40, 70, 64, 3, 100, 200] if cross else lens
+    return lens, q_lens, max(-(-n // block_n) for n in lens) + 1, max(-(-n // block_m) for n in q_lens) + 1
+
+
+@triton.jit
 def _window_seen_kernel(q_offsets, kv_offsets, OUT, left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         TILES: tl.constexpr, BLOCKS: tl.constexpr):
     """jfa.geometry.tail_seen under a window rule, for every key block and every first row (a multiple of BLOCK_M)."""
-    from jfa.geometry import mask_rule, sequence, sequence_bounds, tail_seen
+    from jfa.geometry import tail_seen
     b = tl.program_id(0)
     t = tl.program_id(1)
     m = tl.program_id(2)
-    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
-    rule = mask_rule((None, left, right))
-    seq = sequence(b, lens, rule)
+    rule, seq = _window_sequence(q_offsets, kv_offsets, b, left, right)
     tl.store(OUT + (b * TILES + t) * BLOCKS + m, tail_seen(t * BLOCK_N, m * BLOCK_M, seq, rule, BLOCK_N).to(tl.int32))
 
 
@@ -246,10 +261,7 @@ def test_tail_seen_under_a_window(window, cross, block_m, block_n):
     """tail_seen under a window (no HSTU mask): wherever it holds, every real row from that row on sees every key of
     the block, and the keys exist; and it holds for a full attention's last blocks (not vacuous)."""
     from jfa.jagged import UNBOUNDED, visible_mask
-    lens = [1, 2, 40, 63, 64, 65, 129, 200]
-    q_lens = [1, 5, 40, 70, 64, 3, 100, 200] if cross else lens
-    tiles = max(-(-n // block_n) for n in lens) + 1
-    blocks = max(-(-n // block_m) for n in q_lens) + 1
+    lens, q_lens, tiles, blocks = _window_batch(cross, block_m, block_n)
     out = torch.full((len(lens), tiles, blocks), -7, dtype=torch.int32)
     left, right = (UNBOUNDED if w < 0 else w for w in window)
     _window_seen_kernel[(len(lens), tiles, blocks)](offsets_of(q_lens), offsets_of(lens), out, left, right,
@@ -266,13 +278,11 @@ def _row_edge_kernel(q_offsets, kv_offsets, OUT, EDGE, left, right, BLOCK_M: tl.
     """The forward's cheaper test under a window, per query tile and key block: whether it takes the right edge alone
     (past full_blocks' first block, with edge_in_keys or every key of the block real), and right_edge on the pairs
     as the forward holds them (rows first)."""
-    from jfa.geometry import edge_in_keys, key_blocks, mask_rule, right_edge, sequence, sequence_bounds
+    from jfa.geometry import edge_in_keys, key_blocks, right_edge
     b = tl.program_id(0)
     m = tl.program_id(1)
     t = tl.program_id(2)
-    _, _, lens = sequence_bounds(q_offsets, kv_offsets, b)
-    rule = mask_rule((None, left, right))
-    seq = sequence(b, lens, rule)
+    rule, seq = _window_sequence(q_offsets, kv_offsets, b, left, right)
     _, full_lo, _, _ = key_blocks(m * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
     n0 = t * BLOCK_N
     takes = (n0 >= full_lo) & (edge_in_keys(m * BLOCK_M, seq, rule, BLOCK_M) | (n0 + BLOCK_N <= seq[1]))
@@ -292,10 +302,7 @@ def test_the_forwards_right_edge_is_the_mask_where_it_is_taken(window, cross, bl
     on the tile's real rows against every key of the block (keys past the sequence's end unseen); and the causal
     diagonal takes it (not vacuous)."""
     from jfa.jagged import UNBOUNDED, visible_mask
-    lens = [1, 2, 40, 63, 64, 65, 129, 200]
-    q_lens = [1, 5, 40, 70, 64, 3, 100, 200] if cross else lens
-    tiles = max(-(-n // block_n) for n in lens) + 1
-    blocks = max(-(-n // block_m) for n in q_lens) + 1
+    lens, q_lens, tiles, blocks = _window_batch(cross, block_m, block_n)
     out = torch.full((len(lens), blocks, tiles), -7, dtype=torch.int32)
     edge = torch.full((len(lens), blocks, tiles, block_m, block_n), -7, dtype=torch.int32)
     left, right = (UNBOUNDED if w < 0 else w for w in window)
