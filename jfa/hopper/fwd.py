@@ -29,8 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 from .. import variants
 from ..bwd_common import scaled_rows
-from ..geometry import (TARGETS, block_count, edge_in_keys, key_blocks, key_range, right_edge, target_tests, visible,
-                        window_visible)
+from ..geometry import (TARGETS, WINDOW, block_count, edge_in_keys, key_blocks, key_range, right_edge, target_tests,
+                        visible, window_visible)
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import launch, num_sms
@@ -86,10 +86,10 @@ def _hide(x, i_row, n0, edges, tile, batch, s_cols: gl.constexpr, SCORE: gl.cons
     """x (scores or weights) of block n0, outside its rows' mask-free blocks, with the invisible pairs hidden: under
     HSTU's mask (jfa.geometry.target_tests), the blocks its context rows alone see (jfa.targets.context_keys) by a
     test of the rows, and where it is the causal window's (window_keys: a history tile's diagonal) by the window's
-    test; else, under softmax, past the rows' left edge, where their right edge stays inside the keys (edges[3]:
-    edge_in_keys) or the block's keys all exist, by the right edge alone (the causal diagonal: one comparison a pair
-    where the test of every pair took two and three selects); else the mask of every pair (HSTU's rule takes several
-    operations a pair)."""
+    test; else, under softmax and the window's rule, past the rows' left edge, where their right edge stays inside
+    the keys (edges[3]: edge_in_keys) or the block's keys all exist, by the right edge alone (the causal diagonal:
+    one comparison a pair where the test of every pair took two and three selects); else the mask of every pair
+    (HSTU's rule takes several operations a pair)."""
     BLOCK_N: gl.constexpr = x.shape[1]
     rule = batch.rule
     if target_tests(rule.KIND, rule.FULL):
@@ -103,7 +103,8 @@ def _hide(x, i_row, n0, edges, tile, batch, s_cols: gl.constexpr, SCORE: gl.cons
                 x = variants.hide(x, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
         else:
             x = variants.hide(x, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
-    elif variants.masks_scores(SCORE):  # (softmax's: an activation's forward ran no faster by it, perf-notes)
+    elif variants.masks_scores(SCORE) and rule.KIND == WINDOW:  # (softmax's: an activation's forward ran no faster
+        # by it, perf-notes; HSTU's rule with rows past the window's reach, rule.FULL, is not its right edge alone)
         if (n0 >= edges[1]) & (edges[3] | (n0 + BLOCK_N <= tile.seq[1])):
             j = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
             x = variants.hide(x, right_edge(i_row, j, tile.seq, rule), SCORE)
