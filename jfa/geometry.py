@@ -254,7 +254,8 @@ def tail_seen(k0, m_tail, seq, rule, BLOCK_N: tl.constexpr):
 @triton.jit
 def right_edge(i, j, seq, rule):
     """Query rows i [M, 1] within the right edge of their window for key rows j [1, N], one comparison a pair against
-    a bound a row (where edge_in_keys or the block's keys say it is the mask, past the rows' left edge)."""
+    a bound a row (where edge_in_keys or the block's keys say it is the mask, past the rows' left edge). The window's
+    rule only (rule.KIND == WINDOW): HSTU's rule reads rule.p otherwise, and its targets and full rows are no edge."""
     return j <= i + (seq[1] - seq[0]) + rule.p[1]
 
 
@@ -262,7 +263,7 @@ def right_edge(i, j, seq, rule):
 def edge_in_keys(m0, seq, rule, BLOCK_M: tl.constexpr):
     """Whether the right edge of every real query row of [m0, m0 + BLOCK_M) stays inside the keys (causal self
     attention's does): past its left edge (a key block from full_blocks' first on), such a tile's mask is right_edge
-    alone, key blocks that run past the sequence's end included."""
+    alone, key blocks that run past the sequence's end included. The window's rule only, as right_edge."""
     return tl.minimum(m0 + BLOCK_M, seq[0]) - 1 + (seq[1] - seq[0]) + rule.p[1] < seq[1]
 
 
