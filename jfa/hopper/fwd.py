@@ -260,9 +260,9 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
     for jb in range(1, n_blocks):
         n0 = lo + jb * BLOCK_N
         k_buf = kv.wait_a(it + jb)
-        v_buf = kv.wait_b(it + jb - 1)
         _turn(WG, out.PINGPONG, True)
         s = warpgroup_mma(q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        v_buf = kv.wait_b(it + jb - 1)  # (V_{j-1} is loaded after K_j: S_j goes to the tensor cores without it)
         acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
         _turn(WG, out.PINGPONG, False)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S_j done, P V_{j-1} in flight
