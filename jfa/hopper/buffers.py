@@ -27,7 +27,8 @@ class Ring:
     """STAGES slots of one block of each of two operands, refilled by the producer as the consumers release
     them. SPLIT: a ready and an empty barrier per operand (a consumer can start on the first operand alone, and
     release it alone: the forward's K once S is done, its V once P V is, so the producer loads the next K blocks a
-    whole block earlier), else one of each."""
+    whole block earlier), else one of each; B_READY: a ready barrier per operand, one empty (the backward's Q and
+    dO: S^T goes to the tensor cores once Q has landed)."""
     a: gl.shared_memory_descriptor
     b: gl.shared_memory_descriptor
     a_ready: gl.shared_memory_descriptor
@@ -36,9 +37,10 @@ class Ring:
     b_empty: gl.shared_memory_descriptor
     STAGES: gl.constexpr
     SPLIT: gl.constexpr
+    B_READY: gl.constexpr
 
     @constexpr_function
-    def __init__(self, a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT):
+    def __init__(self, a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT, B_READY=False):
         self.a = a
         self.b = b
         self.a_ready = a_ready
@@ -47,25 +49,29 @@ class Ring:
         self.b_empty = b_empty
         self.STAGES = gl.constexpr(STAGES)
         self.SPLIT = gl.constexpr(SPLIT)
+        self.B_READY = gl.constexpr(SPLIT or B_READY)
 
     @gluon.jit
-    def alloc(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr):
+    def alloc(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr,
+              B_READY: gl.constexpr = False):
         a = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
         b = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
         a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         b_ready = a_ready
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         b_empty = empty
-        if SPLIT:
+        if SPLIT or B_READY:
             b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        if SPLIT:
             b_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(a_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)
-            if SPLIT:
+            if SPLIT or B_READY:
                 mbarrier.init(b_ready.index(i), count=1)
+            if SPLIT:
                 mbarrier.init(b_empty.index(i), count=CONSUMERS)
-        return Ring(a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT)
+        return Ring(a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT, B_READY)
 
     @gluon.jit
     def fill(self, it, a_desc, a_coord, b_desc, b_coord):
@@ -101,8 +107,13 @@ class Ring:
         """Producer (after claim; not SPLIT, whose operands fill_a and fill_b load): arm the ready barrier and
         TMA-load both operands into block `it`'s slot."""
         slot = it % self.STAGES
-        mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
+        if self.B_READY:
+            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
+            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))
         tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))
 
     @gluon.jit
@@ -110,7 +121,7 @@ class Ring:
         """Consumer: block `it`'s two operands, once they have landed."""
         slot = it % self.STAGES
         mbarrier.wait(self.a_ready.index(slot), (it // self.STAGES) & 1)
-        if self.SPLIT:
+        if self.B_READY:
             mbarrier.wait(self.b_ready.index(slot), (it // self.STAGES) & 1)
         return self.a.index(slot), self.b.index(slot)
 
@@ -123,8 +134,10 @@ class Ring:
 
     @gluon.jit
     def wait_b(self, it):
+        """Consumer: block `it`'s second operand, once it has landed (with one ready barrier, wait_a's wait)."""
         slot = it % self.STAGES
-        mbarrier.wait(self.b_ready.index(slot), (it // self.STAGES) & 1)
+        if self.B_READY:
+            mbarrier.wait(self.b_ready.index(slot), (it // self.STAGES) & 1)
         return self.b.index(slot)
 
     @gluon.jit

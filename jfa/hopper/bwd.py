@@ -244,7 +244,9 @@ def hopper_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, grads, stats, k
     # a work queue's items are posted: the one pass's writer warp reads them too (a reader on each set's empty)
     kv_ops = ItemOperands.alloc(k_desc, v_desc, 2, True, CFG.kv_slots, CFG.posts,
                                 CFG.queue and CFG.one_pass and not DIRECT, CFG.posted_items)
-    qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False)
+    # Q and dO each with its own ready barrier at D=128 but in the direct route (with it there, softmax's spills
+    # went 80 -> 92 B, and at D=64 gelu_tanh's one pass 196 -> 208 B)
+    qdo = Ring.alloc(q_desc, do_desc, STAGES, 2, False, (q_desc.block_shape[1] > 64) and not DIRECT)
     c0 = Consumer(shape, kv_ops, qdo, grads, batch, 0)
     c1 = Consumer(shape, kv_ops, qdo, grads, batch, 1)
     # three literal partition lists: triton 3.6 turns a list, or a None, held in a variable into tensors, which

@@ -161,8 +161,9 @@ def dkdv_block(c, blk, dk, dv, tile, offs_n, MASKED: gl.constexpr):
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     q_cols: gl.constexpr = gl.SliceLayout(0, st_layout)
     st_zero = gl.full([WG_ROWS, BLOCK_M], 0.0, gl.float32, layout=st_layout)
-    q_buf, do_buf = c.qdo.wait(blk.it)
+    q_buf = c.qdo.wait_a(blk.it)
     st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    do_buf = c.qdo.wait_b(blk.it)  # (dO lands after Q: S^T goes without it)
     if not SERIAL:
         dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     offs_m = blk.m0 + gl.arange(0, BLOCK_M, layout=q_cols)
@@ -229,13 +230,13 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     WG: gl.constexpr = c.WG
     stage = d.stage
     it = blk.it
-    q_buf, do_buf = c.qdo.wait(it)
+    q_buf = c.qdo.wait_a(it)
     if idle:
         dst = gl.full([WG_ROWS, BLOCK_M], 0.0, c.kv_ops.a.dtype, layout=mma_layout(BLOCK_M))
         stage.claim_ds(it)
         stage.ds_buffer(it, WG).store(dst)
     else:
-        dv, dst = _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED)
+        dv, dst = _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, MASKED)
     # dK += dS^T Q with dS^T from registers (FA3's Mma_dKV_is_RS), issued before dS^T's fence and hand-over, which
     # it then overlaps (idle: on zeros, as an MMA behind a branch of its own failed triton 3.6's lowering)
     acc_layout: gl.constexpr = mma_layout(c.kv_ops.a.shape[2])
@@ -250,7 +251,7 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
 
 
 @gluon.jit
-def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.constexpr):
+def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, MASKED: gl.constexpr):
     """one_pass_block's score step: S^T, dV += P^T dO (P^T from registers), dP^T (SERIAL: issued beside dV, after
     the exponentials; else beside S^T), then dS^T into the block's buffer (claimed here; not yet fenced or
     published), with 64-row blocks under dV's MMA -> (dV, dS^T)."""
@@ -272,6 +273,7 @@ def _scores_and_dv(c, d, blk, dv, tile, offs_n, q_buf, do_buf, MASKED: gl.conste
         if not c.shape.SERIAL:
             neg_delta = gl.expand_dims(d.stats.read(it, q_cols, 1), 0)
     st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    do_buf = c.qdo.wait_b(it)  # (dO lands after Q: S^T goes without it)
     if not c.shape.SERIAL:  # dP^T beside S^T: the exponentials overlap this consumer's dP^T
         dpt = _dpt(c, d, it, v_buf, do_buf, st_zero, neg_delta)
     if c.shape.SERIAL:
