@@ -231,7 +231,8 @@ def one_pass_block(c, d, blk, dk, dv, tile, offs_n, want_dq, MASKED: gl.constexp
     stage = d.stage
     it = blk.it
     q_buf = c.qdo.wait_a(it)
-    if idle:
+    if idle:  # (the direct route's alone, whose ring has one ready barrier: dO has landed with Q, and the slot's
+        # release cannot let the producer refill it under dO's load)
         dst = gl.full([WG_ROWS, BLOCK_M], 0.0, c.kv_ops.a.dtype, layout=mma_layout(BLOCK_M))
         stage.claim_ds(it)
         stage.ds_buffer(it, WG).store(dst)
