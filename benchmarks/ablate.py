@@ -131,11 +131,18 @@ ABLATIONS = {
          "        mbarrier.expect(ready.index(slot), desc.block_type.nbytes)\n"
          "        tma.async_copy_global_to_shared(desc, coord, ready.index(slot), buf.index(slot))",
          "        mbarrier.arrive(ready.index(slot), count=1)"),
-        ("hopper/buffers.py",  # the backward's (Q, dO) (Ring.issue)
-         "        mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)\n"
-         "        tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))\n"
+        ("hopper/buffers.py",  # the backward's (Q, dO) (Ring.issue; B_READY: dO's ready barrier its own)
+         "        if self.B_READY:\n"
+         "            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes)\n"
+         "            tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))\n"
+         "            mbarrier.expect(self.b_ready.index(slot), b_desc.block_type.nbytes)\n"
+         "        else:\n"
+         "            mbarrier.expect(self.a_ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)\n"
+         "            tma.async_copy_global_to_shared(a_desc, a_coord, self.a_ready.index(slot), self.a.index(slot))\n"
          "        tma.async_copy_global_to_shared(b_desc, b_coord, self.b_ready.index(slot), self.b.index(slot))",
-         "        mbarrier.arrive(self.a_ready.index(slot), count=1)")]),
+         "        mbarrier.arrive(self.a_ready.index(slot), count=1)\n"
+         "        if self.B_READY:\n"
+         "            mbarrier.arrive(self.b_ready.index(slot), count=1)")]),
 }
 
 DEFAULT_WORKLOADS = "self-skewed-8k,causal-skewed-4k"  # D=128, where jfa's backward trails FA4
