@@ -268,6 +268,14 @@ def edge_in_keys(m0, seq, rule, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def right_edge_alone(n0, full_lo, in_keys, seq, BLOCK_N: tl.constexpr):
+    """Whether key block n0's mask for a query tile is right_edge alone: past the rows' left edge (full_lo, the
+    tile's first mask-free block, on) with their right edge inside the keys (in_keys: edge_in_keys) or every key of
+    the block real. The window's rule only, as right_edge."""
+    return (n0 >= full_lo) & (in_keys | (n0 + BLOCK_N <= seq[1]))
+
+
+@triton.jit
 def tile_walk(start, seq, rule, BLOCK: tl.constexpr, OTHER_BLOCK: tl.constexpr, KEY_TILES: tl.constexpr):
     """The walk of the tile of BLOCK rows at `start`, every kernel's and the schedule's: (pre, lo, hi), the other
     side's rows [0, pre) first (query_prefix: 0, a constant, unless has_prefix), then [lo, hi) (lo aligned down

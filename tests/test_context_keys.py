@@ -278,14 +278,14 @@ def _row_edge_kernel(q_offsets, kv_offsets, OUT, EDGE, left, right, BLOCK_M: tl.
     """The forward's cheaper test under a window, per query tile and key block: whether it takes the right edge alone
     (past full_blocks' first block, with edge_in_keys or every key of the block real), and right_edge on the pairs
     as the forward holds them (rows first)."""
-    from jfa.geometry import edge_in_keys, key_blocks, right_edge
+    from jfa.geometry import edge_in_keys, key_blocks, right_edge, right_edge_alone
     b = tl.program_id(0)
     m = tl.program_id(1)
     t = tl.program_id(2)
     rule, seq = _window_sequence(q_offsets, kv_offsets, b, left, right)
     _, full_lo, _, _ = key_blocks(m * BLOCK_M, seq, rule, BLOCK_M, BLOCK_N)
     n0 = t * BLOCK_N
-    takes = (n0 >= full_lo) & (edge_in_keys(m * BLOCK_M, seq, rule, BLOCK_M) | (n0 + BLOCK_N <= seq[1]))
+    takes = right_edge_alone(n0, full_lo, edge_in_keys(m * BLOCK_M, seq, rule, BLOCK_M), seq, BLOCK_N)
     tile = (b * BLOCKS + m) * TILES + t
     tl.store(OUT + tile, takes.to(tl.int32))
     i = tl.expand_dims(m * BLOCK_M + tl.arange(0, BLOCK_M), 1)

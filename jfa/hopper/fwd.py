@@ -29,8 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 from .. import variants
 from ..bwd_common import scaled_rows
-from ..geometry import (TARGETS, WINDOW, block_count, edge_in_keys, key_blocks, key_range, right_edge, target_tests,
-                        visible, window_visible)
+from ..geometry import (TARGETS, WINDOW, block_count, edge_in_keys, key_blocks, key_range, right_edge,
+                        right_edge_alone, target_tests, visible, window_visible)
 from ..jagged import UNBOUNDED
 from ..problem import Problem
 from ..runtime import launch, num_sms
@@ -105,7 +105,7 @@ def _hide(x, i_row, n0, edges, tile, batch, s_cols: gl.constexpr, SCORE: gl.cons
             x = variants.hide(x, _visible(i_row, n0, tile, batch, BLOCK_N, s_cols), SCORE)
     elif variants.masks_scores(SCORE) and rule.KIND == WINDOW:  # (softmax's: an activation's forward ran no faster
         # by it, perf-notes; HSTU's rule with rows past the window's reach, rule.FULL, is not its right edge alone)
-        if (n0 >= edges[1]) & (edges[3] | (n0 + BLOCK_N <= tile.seq[1])):
+        if right_edge_alone(n0, edges[1], edges[3], tile.seq, BLOCK_N):
             j = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=s_cols), 0)
             x = variants.hide(x, right_edge(i_row, j, tile.seq, rule), SCORE)
         else:
