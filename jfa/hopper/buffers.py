@@ -49,7 +49,7 @@ class Ring:
         self.b_empty = b_empty
         self.STAGES = gl.constexpr(STAGES)
         self.SPLIT = gl.constexpr(SPLIT)
-        self.B_READY = gl.constexpr(SPLIT or B_READY)
+        self.B_READY = gl.constexpr(B_READY)
 
     @gluon.jit
     def alloc(a_desc, b_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr,
@@ -60,18 +60,19 @@ class Ring:
         b_ready = a_ready
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         b_empty = empty
-        if SPLIT or B_READY:
+        READY_B: gl.constexpr = SPLIT or B_READY  # (SPLIT's second operand has its own ready barrier too)
+        if READY_B:
             b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         if SPLIT:
             b_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(a_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)
-            if SPLIT or B_READY:
+            if READY_B:
                 mbarrier.init(b_ready.index(i), count=1)
             if SPLIT:
                 mbarrier.init(b_empty.index(i), count=CONSUMERS)
-        return Ring(a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT, B_READY)
+        return Ring(a, b, a_ready, b_ready, empty, b_empty, STAGES, SPLIT, READY_B)
 
     @gluon.jit
     def fill(self, it, a_desc, a_coord, b_desc, b_coord):
