@@ -68,11 +68,17 @@ class Rule:
         self.p = p if isinstance(p, tuple) else tl.tuple([tl.constexpr(x) if isinstance(x, int) else x for x in p])
 
 
-def mask_group(num_targets, scalars, last_rows: bool) -> tuple:
+def mask_group(num_targets, scalars, last_rows: bool, fold_right: bool = False) -> tuple:
     """A kernel's mask group (see the module doc): what the launchers pass, mask_rule reads. scalars: (left, right,
-    contextual_len[, min_full_attn_len]); F = 0 passes as a constexpr, so that the kernels compile without it."""
+    contextual_len[, min_full_attn_len]); F = 0 passes as a constexpr, so that the kernels compile without it.
+    fold_right: HSTU's right side, always 0 (its mask is causal: jfa.checks.check_targets), as a constexpr too: the
+    Hopper forward's (as a value it held right - (BLOCK_N - 1) across its items, spilled, and reloaded it from local
+    memory at each item's start); folded in the backward's kernels, ptxas spilled more (one pass 768 -> 900 B)."""
     full = scalars[3] if len(scalars) > 3 else 0
-    return (num_targets, *scalars[:3], _BOOLS[bool(last_rows)], full if full > 0 else _ZERO, _BOOLS[full > 0])
+    left, right, context = scalars[:3]
+    if fold_right and num_targets is not None and right == 0:
+        right = _ZERO
+    return (num_targets, left, right, context, _BOOLS[bool(last_rows)], full if full > 0 else _ZERO, _BOOLS[full > 0])
 
 
 # mask_group's constexprs, made once (three built per launch were 0.9 of its 1.1 us a launch)

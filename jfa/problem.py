@@ -125,10 +125,10 @@ class Problem:
         """At least the batch's keys, from shapes alone: k's rows, or for paged k/v what the page table holds."""
         return self.page_table.numel() * self.page_size if self.paged else self.k.shape[0]
 
-    def mask_args(self) -> tuple:
-        """The kernels' mask group (jfa.geometry.mask_group: jfa.geometry.mask_rule reads it)."""
+    def mask_args(self, fold_right: bool = False) -> tuple:
+        """The kernels' mask group (jfa.geometry.mask_group, fold_right as there: jfa.geometry.mask_rule reads it)."""
         from .geometry import mask_group
-        return mask_group(self.num_targets, self.mask_scalars(), self.last_rows)
+        return mask_group(self.num_targets, self.mask_scalars(), self.last_rows, fold_right)
 
     @property
     def bias(self):

@@ -113,4 +113,5 @@ def meta_problem(head_dim: int, dtype: torch.dtype, broadcast: bool = False, gro
         times = torch.empty(128, dtype=torch.int64, device="meta")
         fields.update(bias_position=torch.empty(group, 47, device="meta"), bias_time=torch.empty(group, 11,
                       device="meta"), q_times=times, k_times=times)
-    return Problem(meta(group), meta(1), meta(1), offsets, kv_offsets, 1.0, 1 << 30, 1 << 30, broadcast, **fields)
+    right = 0 if targets else 1 << 30  # (HSTU's mask is causal)
+    return Problem(meta(group), meta(1), meta(1), offsets, kv_offsets, 1.0, 1 << 30, right, broadcast, **fields)

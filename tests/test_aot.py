@@ -78,10 +78,9 @@ HOPPER_SPILL_BUDGET = {("hopper_dkdv", 128): 400, ("hopper_dkdv", 128, "short-q"
                        # loops 10% shorter with no spill reload added; one pass 0 -> 128, direct 76 -> 196
                        ("hopper_bwd", 64, "gelu_tanh"): 128, ("hopper_dkdv_dq", 64, "gelu_tanh"): 196,
                        ("hopper_dkdv", 128, "gelu_tanh"): 244, ("hopper_bwd", 128, "gelu_tanh"): 990,
-                       ("hopper_dkdv_dq", 128, "gelu_tanh"): 288, ("hopper_dq", 64, "gelu_tanh"): 68,
-                       # two Q slots in D=128's long forward (FwdConfig.q_slots: the slot's index t % 2 beside the
-                       # ring's): gelu_tanh's 0 -> 24
-                       ("hopper_fwd", 128, "gelu_tanh"): 24}
+                       ("hopper_dkdv_dq", 128, "gelu_tanh"): 288, ("hopper_dq", 64, "gelu_tanh"): 68}
+# (D=128's long gelu_tanh forward spilled 24 B with two Q slots, FwdConfig.q_slots, until its O store's row stride was
+# zero-extended: jfa.hopper.fwd._store)
 # warpgroup waits ptxas injects (jfa.ptxas.Report.injected_waits: an MMA serialized with what follows it). One, in the
 # D=128 64-row softmax one pass: in one consumer's masked blocks ptxas waits for S^T before issuing dP^T (reading
 # LSE after dP^T's issue or after S^T's wait did not remove it; silu, gelu_tanh and HSTU's mask have none). Removing

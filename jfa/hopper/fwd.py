@@ -297,8 +297,9 @@ def _store(out, acc, state, row0, tile, s_rows: gl.constexpr, dtype: gl.constexp
     else:
         o_m = row0 + gl.arange(0, WG_ROWS, layout=o_rows)
         o_d = gl.arange(0, HEAD_DIM, layout=o_cols)
-        p_o = (base + tile.q_start.to(gl.int64) * out.o.stride_t + gl.expand_dims(o_m, 1) * out.o.stride_t
-               + gl.expand_dims(o_d, 0))
+        # (the stride zero-extended: its sign, a value held across the items, was spilled under HSTU's mask)
+        p_o = (base + tile.q_start.to(gl.int64) * out.o.stride_t.to(gl.uint32).to(gl.int64)
+               + gl.expand_dims(o_m, 1) * out.o.stride_t + gl.expand_dims(o_d, 0))
         gl.store(p_o, o, mask=gl.expand_dims(o_m < tile.q_len, 1))
     if variants.has_lse(SCORE):
         offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
@@ -347,7 +348,7 @@ def constexprs(cfg: FwdConfig, p: Problem) -> dict:
 def kernel_args(p: Problem, descs, out, lse, sched) -> tuple:
     """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors)."""
     return (*descs, rows(out), (lse, lse.stride(0)), (p.q_offsets, p.kv_offsets), sched.kernel_args(),
-            score_args(p), p.mask_args(), p.page_args())
+            score_args(p), p.mask_args(fold_right=True), p.page_args())
 
 
 @dataclass(frozen=True)
