@@ -346,7 +346,8 @@ def constexprs(cfg: FwdConfig, p: Problem) -> dict:
 
 
 def kernel_args(p: Problem, descs, out, lse, sched) -> tuple:
-    """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors)."""
+    """The kernel's run-time arguments (the launcher's, and jfa.hopper.aot's on meta tensors); the mask group with
+    HSTU's right side folded (jfa.geometry.mask_group: it spares the forward two spills)."""
     return (*descs, rows(out), (lse, lse.stride(0)), (p.q_offsets, p.kv_offsets), sched.kernel_args(),
             score_args(p), p.mask_args(fold_right=True), p.page_args())
 
