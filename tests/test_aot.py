@@ -120,6 +120,9 @@ for d in (64, 128):
                            (act, compile_dkdv(d, bf16, False, select_dkdv(d, DqRoute.REDUCE), **kw)),
                            (act, compile_dkdv(d, bf16, False, select_dkdv(d, DqRoute.DIRECT), **kw)),
                            (act, compile_dq(d, bf16, False, **kw))]
+            # HSTU's mask (its right side folded: jfa.geometry.mask_group), with its score and softmax
+            passes += [(f"{a}targets", compile_fwd(d, torch.bfloat16, False, targets=True, **kw))
+                       for a, kw in (("silu-", dict(activation="silu")), ("", {}))]
         for form, r in forms + passes:
             rows.append(dict(kernel=r.kernel, form=form, d=d, broadcast=broadcast, wgmma=r.wgmma, shared=r.shared,
                              vec_stores=r.ptx.count("st.global.v4"),
@@ -139,9 +142,9 @@ print(json.dumps(rows))
 
 def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper_reports):
     """The forward, the one-pass backward and the two-pass backward's dK/dV (with and without the direct dQ of
-    single-key-tile sequences) and dQ passes, D 64 and 128, self and broadcast: warp-specialized (setmaxnreg), TMA
-    loads, the pinned number of wgmma, spills within budget, no atomics, dQ by TMA reduce-add in the one-pass kernel
-    only, and the producer's loop bounds computed per item."""
+    single-key-tile sequences) and dQ passes, D 64 and 128, self and broadcast (the forward with HSTU's mask too):
+    warp-specialized (setmaxnreg), TMA loads, the pinned number of wgmma, spills within budget, no atomics, dQ by TMA
+    reduce-add in the one-pass kernel only, and the producer's loop bounds computed per item."""
     assert {r["kernel"] for r in hopper_reports} == {"hopper_fwd", "hopper_dkdv", "hopper_dq", "hopper_bwd",
                                                      "hopper_dkdv_dq"}
     for r in hopper_reports:
@@ -156,7 +159,8 @@ def test_hopper_kernels_are_warp_specialized_tma_and_wgmma_without_spills(hopper
         assert r["atomics"] == 0, r
         # a work queue's producer takes its tickets at two sites (the first item, the next): D=128's long forward and
         # 64-row one pass (jfa.hopper.config.select_fwd, select_dkdv)
-        queued = r["d"] == 128 and r["form"] in ({"long", "silu", "gelu_tanh"} if r["kernel"] == "hopper_fwd" else
+        queued = r["d"] == 128 and r["form"] in ({"long", "silu", "gelu_tanh", "silu-targets", "targets"}
+                                                 if r["kernel"] == "hopper_fwd" else
                                                  {"", "silu", "gelu_tanh"} if r["kernel"] == "hopper_bwd" else set())
         assert r["tickets"] == (2 if queued else 0), r
         assert (r["reduce"] > 0) == (r["kernel"] == "hopper_bwd"), r
