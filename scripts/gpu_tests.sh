@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # usage: scripts/gpu_tests.sh [LIMIT_SECONDS] [PYTEST_ARGS...]
 # The GPU tests (pytest -m gpu) under a time limit (default 300 s), GPU_WORKERS workers (default 14: the 16
-# cores compile the kernels); the log in $OUT/gpu-tests.log. The whole suite ran 468 s cold at 14 workers
-# and past 570 s at 8: where one call may not hold it, run it in parts,
+# cores compile the kernels); the log in $OUT/gpu-tests.log, each test's seconds in $OUT/gpu-test-times.tsv as it
+# ends (tests/conftest.py's --times), summed by test function after the run (scripts/test_times.py), a run cut by
+# its limit included. The whole suite (637 tests) no longer fits one call: in two parts it ran 387 + 310 s cold
+# on an H100 (14 workers), and whole it stopped at 523 tests after 545 s. Run it in parts,
 #   scripts/gpu_tests.sh 570 --shard 1/2     then     scripts/gpu_tests.sh 570 --shard 2/2
 # (tests/conftest.py: every test function's cases in one part, the parts the same on every run).
 # Triton's cache comes from a carried .triton-cache/ and goes back packed into $OUT (scripts/lib.sh's
@@ -17,6 +19,8 @@ limit=${1:-300}; shift || true
 triton_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -P -c "import jfa; print('jfa from', jfa.__file__)" | tee -a "$OUT/gpu.txt"
-step "$limit" $PY -P -m pytest -q -p no:cacheprovider -m gpu -n "${GPU_WORKERS:-14}" "$@" > "$OUT/gpu-tests.log" 2>&1
+step "$limit" $PY -P -m pytest -q -p no:cacheprovider -m gpu -n "${GPU_WORKERS:-14}" \
+  --times "$OUT/gpu-test-times.tsv" "$@" > "$OUT/gpu-tests.log" 2>&1
 grep -v "^  \|^$\|Warn" "$OUT/gpu-tests.log" | tail -20
+[ -s "$OUT/gpu-test-times.tsv" ] && $PY scripts/test_times.py "$OUT/gpu-test-times.tsv" --top 8
 pack_triton_cache

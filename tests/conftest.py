@@ -9,6 +9,38 @@ def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
                      help="run the I-th of N parts of the selected tests (1-based), every case of a test function in "
                           "one part: the GPU suite in two device calls of at most 10 minutes each")
+    parser.addoption("--times", default=None, metavar="FILE",
+                     help="append each test's seconds (setup, call and teardown), outcome and id to FILE as it "
+                          "ends: a run cut by a time limit still says what took its time (scripts/gpu_tests.sh)")
+
+
+_TIMES = {"file": None, "seconds": {}, "outcome": {}}
+
+
+def pytest_configure(config):
+    path = config.getoption("--times")
+    if path and not hasattr(config, "workerinput"):  # (the controller writes: xdist's workers send it every report)
+        _TIMES["file"] = open(path, "a", buffering=1)
+
+
+def pytest_unconfigure(config):
+    if _TIMES["file"] is not None:
+        _TIMES["file"].close()
+        _TIMES["file"] = None
+
+
+def pytest_runtest_logreport(report):
+    """--times: a test's line once its teardown is reported (the sum of its three phases; the outcome of its call,
+    or of its setup where that did not pass)."""
+    if _TIMES["file"] is None:
+        return
+    seconds, outcome = _TIMES["seconds"], _TIMES["outcome"]
+    seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        outcome[report.nodeid] = report.outcome
+    if report.when == "teardown":
+        _TIMES["file"].write(f"{seconds.pop(report.nodeid):.2f}\t{outcome.pop(report.nodeid, report.outcome)}\t"
+                             f"{report.nodeid}\n")
 
 
 def _function(item) -> tuple:

@@ -81,6 +81,37 @@ def test_gpu_suite_shards_split_it_whole():
     assert max(map(len, parts)) < 0.5 * len(whole)
 
 
+def test_test_times_log_each_test_once_under_xdist(tmp_path):
+    """tests/conftest.py's --times FILE (what a GPU run cut by its time limit still reports): a run under two xdist
+    workers writes one line a test with its outcome (a failure, a skip, a pass), and scripts/test_times.py sums the
+    cases' seconds by test function."""
+    root = Path(__file__).parents[1]
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import time, pytest\n"
+                     "@pytest.mark.parametrize('n', [1, 2, 3])\n"
+                     "def test_sleeps(n):\n    time.sleep(0.2 * n)\n"
+                     "def test_fails():\n    assert False\n"
+                     "def test_skips():\n    pytest.skip('no')\n")
+    (tmp_path / "conftest.py").write_text((root / "tests" / "conftest.py").read_text())
+    times = tmp_path / "times.tsv"
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--times",
+                          str(times), str(probe)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]  # (test_fails)
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        import test_times
+    finally:
+        sys.path.pop(0)
+    rows = test_times.read(str(times))
+    outcome = {nodeid.split("::")[1]: o for _, o, nodeid in rows}
+    assert len(rows) == 5 and outcome == {"test_sleeps[1]": "passed", "test_sleeps[2]": "passed",
+                                          "test_sleeps[3]": "passed", "test_fails": "failed", "test_skips": "skipped"}
+    text = test_times.summary(rows)
+    sleeps = sum(s for s, _, nodeid in rows if "test_sleeps" in nodeid)
+    assert sleeps >= 1.19 and "5 tests ended (3 passed, 1 failed, 1 skipped)" in text
+    assert f"{sleeps:8.1f}    3" in text.splitlines()[2]  # (the slowest function first: its three cases summed)
+
+
 def test_peer_kernels_table_reads_ncu_raw_pages():
     """benchmarks/peer_kernels.py: a raw page of two kernels (ncu's header, units, a row a kernel) becomes a row a
     kernel, each column the metric its pattern names in the table's unit (ms, GB, KB), "-" where the report has
