@@ -31,13 +31,15 @@ def pytest_unconfigure(config):
 
 def pytest_runtest_logreport(report):
     """--times: a test's line once its teardown is reported (the sum of its three phases; the outcome of its call,
-    or of its setup where that did not pass)."""
+    or of its setup or teardown where that did not pass)."""
     if _TIMES["file"] is None:
         return
     seconds, outcome = _TIMES["seconds"], _TIMES["outcome"]
     seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome[report.nodeid] = report.outcome
+    if report.when == "teardown" and report.failed:
+        outcome[report.nodeid] = "error"
     if report.when == "teardown":
         _TIMES["file"].write(f"{seconds.pop(report.nodeid):.2f}\t{outcome.pop(report.nodeid, report.outcome)}\t"
                              f"{report.nodeid}\n")
