@@ -1,6 +1,7 @@
 """The benchmark tools on the CPU: what they compile or edit still matches today's kernels, so a stale tool fails
 here and not in a device call."""
 import ast
+import csv
 import os
 import subprocess
 import sys
@@ -110,6 +111,30 @@ def test_test_times_log_each_test_once_under_xdist(tmp_path):
     sleeps = sum(s for s, _, nodeid in rows if "test_sleeps" in nodeid)
     assert sleeps >= 1.19 and "5 tests ended (3 passed, 1 failed, 1 skipped)" in text
     assert f"{sleeps:8.1f}    3" in text.splitlines()[2]  # (the slowest function first: its three cases summed)
+
+
+def test_ncu_lines_parts_split_partitions_and_their_mma_loops(tmp_path):
+    """scripts/ncu_lines.py --parts: each partition (its lines between USETMAXREGs) with its samples in MMA loops (an
+    innermost backward branch around an HGMMA; a loop without one is the rest) and the rest by instruction kind."""
+    code = [("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8", 0), ("MOV R1, R2", 4),  # a consumer: 4 + 40 + 6
+            ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24", 30), ("MUFU.TANH R3, R4", 8),
+            ("@!P0  BRA 0x{:x}", 2), ("STG.E desc[UR52][R4.64], R89", 6),
+            ("USETMAXREG.DEALLOC.CTAPOOL 0x28", 0), ("SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR8], R2", 10),  # producer
+            ("@!P1  BRA 0x{:x}", 40)]
+    base = 0x7f0000000000
+    rows = [["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]]
+    for i, (text, n) in enumerate(code):
+        target = base + 16 * (2 if i == 4 else 7)  # the consumer's loop from its HGMMA, the producer's spin loop
+        rows.append([hex(base + 16 * i), "      " + text.format(target), str(n), "1"])
+    path = tmp_path / "page.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows([["Kernel Name", "k"]] + rows)
+    res = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "ncu_lines.py"), str(path),
+                          "--parts"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    consumer, producer = res.stdout.splitlines()
+    assert "50.0% of the samples; in MMA loops  40.0%, the rest  10.0% (STG 6.0%, MOV 4.0%" in consumer, consumer
+    assert "50.0% of the samples; in MMA loops   0.0%, the rest  50.0% (BRA 40.0%, SYNCS 10.0%" in producer, producer
 
 
 def test_peer_kernels_table_reads_ncu_raw_pages():
