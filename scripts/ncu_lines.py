@@ -17,6 +17,8 @@ import csv
 import re
 import sys
 
+from sass_loops import innermost  # (this folder: python puts a script's own directory first on sys.path)
+
 
 def _num(x: str) -> float:
     try:
@@ -37,12 +39,12 @@ def parts(body, samples, sass) -> list[str]:
         except ValueError:
             pass
     spans = []
-    for i, t in enumerate(text):  # backward branches, innermost ones holding an HGMMA
+    for i, t in enumerate(text):  # backward branches (their targets' lines), the innermost ones holding an HGMMA
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)\s*$", t)
-        if m and at.get(int(m.group(1), 16), i + 1) <= i:
-            spans.append((at[int(m.group(1), 16)], i))
-    loops = [(a, b) for a, b in spans if any("HGMMA" in t for t in text[a:b + 1])
-             and not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+        target = at.get(int(m.group(1), 16), i + 1) if m else i + 1
+        if target <= i:
+            spans.append((target, i))
+    loops = [(a, b) for a, b in innermost(spans) if any("HGMMA" in t for t in text[a:b + 1])]
     cuts = [0] + [i for i, t in enumerate(text) if "USETMAXREG" in t] + [len(body)]
     out = []
     for a, b in zip(cuts, cuts[1:]):

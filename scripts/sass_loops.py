@@ -37,6 +37,11 @@ def instructions(sass: str) -> tuple[list, dict]:
     return out, labels
 
 
+def innermost(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (first, last) instruction spans of backward branches that hold no other such span (also ncu_lines.py's)."""
+    return [(lo, hi) for lo, hi in spans if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in spans)]
+
+
 def loops(sass: str, op: str = "HGMMA") -> list[tuple[int, int, int, collections.Counter]]:
     """The innermost loops (a backward branch's span holding no other) that hold an `op`, longest first: (instruction
     count, first address, last address, opcode counts)."""
@@ -47,10 +52,8 @@ def loops(sass: str, op: str = "HGMMA") -> list[tuple[int, int, int, collections
         m = re.search(r"(\.L_x_\d+)", text) if name == "BRA" else None
         if m and m.group(1) in labels and labels[m.group(1)] <= a:
             spans.append((index[labels[m.group(1)]], i))
-    inner = [(lo, hi) for lo, hi in spans
-             if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in spans)]
     found = []
-    for lo, hi in inner:
+    for lo, hi in innermost(spans):
         ops = collections.Counter(name for _, name, _ in ins[lo:hi + 1])
         if ops[op]:
             found.append((hi - lo + 1, ins[lo][0], ins[hi][0], ops))

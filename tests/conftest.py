@@ -38,11 +38,10 @@ def pytest_runtest_logreport(report):
     seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome[report.nodeid] = report.outcome
-    if report.when == "teardown" and report.failed:
-        outcome[report.nodeid] = "error"
     if report.when == "teardown":
-        _TIMES["file"].write(f"{seconds.pop(report.nodeid):.2f}\t{outcome.pop(report.nodeid, report.outcome)}\t"
-                             f"{report.nodeid}\n")
+        done = "error" if report.failed else outcome.pop(report.nodeid, report.outcome)
+        outcome.pop(report.nodeid, None)
+        _TIMES["file"].write(f"{seconds.pop(report.nodeid):.2f}\t{done}\t{report.nodeid}\n")
 
 
 def _function(item) -> tuple:
