@@ -60,19 +60,35 @@ def aligned(*tensors):
 
 
 @gluon.jit
-def store_rows(base, stride_t, x, r0, start, length):
+def store_rows(base, stride_t, x, r0, start, length, IN_WARPS: gl.constexpr = False):
     """Rows r0.. of a warpgroup's [64, D] result (O, dK or dV), those before `length`, at base + (start + row) *
     stride_t, in 16-byte pieces: straight from the wgmma layout each store would write 4 bytes per thread (16 of
-    every row's bytes per warp instruction), which filled L2 with partial-sector writes where items are short. The
-    layout conversion goes through shared memory (D x 128 bytes of scratch per warpgroup)."""
+    every row's bytes per warp instruction), which filled L2 with partial-sector writes where items are short, in 4x
+    the store instructions. The layout conversion goes through shared memory: IN_WARPS (x in wgmma's layout) within
+    each warp (_row_pieces), else through D x 128 bytes of scratch per warpgroup after a warpgroup barrier."""
     HEAD_DIM: gl.constexpr = x.shape[1]
-    VEC: gl.constexpr = 8  # 16-bit elements per 16 bytes
-    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (HEAD_DIM // VEC), HEAD_DIM // VEC], [4, 1], [1, 0])
+    layout: gl.constexpr = _row_pieces(x.type.shape, IN_WARPS)
     x = gl.convert_layout(x, layout)
     rows = r0 + gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, layout))
     cols = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout)), 0)
     gl.store(base + gl.expand_dims((start + rows).to(gl.int64) * stride_t, 1) + cols, x,
              mask=gl.expand_dims(rows < length, 1))
+
+
+@constexpr_function
+def _row_pieces(shape, IN_WARPS):
+    """store_rows' layout: 8 consecutive 16-bit elements (16 bytes) of one row a thread and piece. IN_WARPS: from
+    wgmma's layout of [64, N] each warp keeps its 16 rows and each quad of lanes its two rows, so the conversion
+    stays inside each warp (a transpose of each quad's 4-byte pairs through 512 bytes of shared memory a warp:
+    st.shared, ldmatrix; no warpgroup barrier)."""
+    rows, cols = shape
+    if IN_WARPS:
+        assert rows == 64 and cols % 32 == 0, shape
+        registers = [[0, 1], [0, 2], [0, 4], [8, 0]] + [[0, 32 << i] for i in range((cols // 32).bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg_bases=registers, lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
+                                          warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[rows, cols])
+    vec = 8  # 16-bit elements per 16 bytes
+    return gl.BlockedLayout([1, vec], [32 // (cols // vec), cols // vec], [4, 1], [1, 0])
 
 
 @constexpr_function

@@ -63,7 +63,11 @@ class FwdConfig:
     consumers: int  # consumer warpgroups per CTA, WG query rows each
     block_n: int = 128  # keys per K/V block
     stages: int = 3  # K/V ring depth (the ring and Q fit in the 227 KB of shared memory at D=128)
-    coalesced_store: bool = False  # O in 16-byte pieces through a shared-memory layout conversion (store_rows)
+    # O's 16-byte pieces (store_rows) converted within each warp, else through the warpgroup's scratch (a warpgroup
+    # barrier an item). H100, 3-5 rounds, from 4-byte stores: hstu-silu -6.1%, hstu-targets -6.3%, gqa-uniform-2k
+    # -5.2%, causal-skewed-4k and self-skewed-8k -2.0%; the short forms kept the warpgroup's (short-128 +0.8%,
+    # d64-uniform-512 +1.4% within each warp)
+    store_in_warps: bool = True
     posted_items: bool = False  # the producer posts each item beside its Q, then an end mark (ItemOperands.post)
     pingpong: bool = False  # two consumers take turns issuing a block's MMAs (jfa.hopper.fwd._turn)
     queue: bool = False  # items from a work queue, posted (as DkdvConfig.queue: for K/V's reuse in L2)
@@ -100,16 +104,16 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     D=128: 128-row tiles whose two warpgroups share each K/V block, or up to SHORT_TILE_KV 64-row tiles. D=64 up
     to SHORT_KV: 64-row tiles at two CTAs per SM (d64-uniform-512: 149 vs 139 TF/s with two consumers, before the
     ping-pong). Up to SHORT_KV, 2 K/V stages and O in 16-byte stores (short-128 1.03 -> 0.94 ms, self-full-512 1.67
-    -> 1.45, d64-uniform-512 0.91 -> 0.81), else 3 stages (+3-12% over 2). The long forms, D=64's too, take two
+    -> 1.45, d64-uniform-512 0.91 -> 0.81; the long forms' came later: FwdConfig.store_in_warps), else 3 stages (+3-12% over 2). The long forms, D=64's too, take two
     consumers in ping-pong where they took two CTAs of one consumer (128 x uniform up to 4,096 keys, D=64: softmax
     4.107 -> 3.799 ms, gelu_tanh 4.505 -> 3.932; gdpa-self-d64's gelu_tanh 2.121 -> 2.059). The one-consumer short
     forms post their items (short-128 0.730 -> 0.671, pma-32-d64 0.328 -> 0.322; the two-consumer and long forms
     even)."""
     if head_dim > 64 and mean_kv_len <= SHORT_TILE_KV:
-        return FwdConfig(consumers=1, block_n=64, stages=2, coalesced_store=True, posted_items=True)
+        return FwdConfig(consumers=1, block_n=64, stages=2, store_in_warps=False, posted_items=True)
     if mean_kv_len <= SHORT_KV:
         consumers = 1 if head_dim <= 64 else 2
-        return FwdConfig(consumers=consumers, stages=2, coalesced_store=True, posted_items=consumers == 1,
+        return FwdConfig(consumers=consumers, stages=2, store_in_warps=False, posted_items=consumers == 1,
                          pingpong=consumers == 2, q_slots=2 if head_dim <= 64 else 1)
     # D=128's long form from a work queue, posting whole records (3 rounds, ms, dealt -> queued: hstu-silu 6.25 ->
     # 5.72, window-256 3.75 -> 3.52, causal-skewed-4k 1.55 -> 1.51, self-skewed-8k 2.60 -> 2.55, gqa-uniform-2k

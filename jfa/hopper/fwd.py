@@ -47,30 +47,30 @@ from .items import WorkList
 @aggregate
 class FwdOutput:
     """Where O and LSE go (LSE: where the score has one), the score group (jfa.variants.score_args), and how O is
-    stored: COALESCED, in 16-byte pieces through a shared-memory layout conversion (store_rows), else straight from
-    the wgmma layout (jfa.hopper.config.FwdConfig.coalesced_store)."""
+    stored in 16-byte pieces (store_rows), converted IN_WARPS or through the warpgroup's scratch
+    (jfa.hopper.config.FwdConfig.store_in_warps)."""
     o: Rows
     LSE: gl.tensor
     stride_lh: gl.tensor
     score: gl.tuple
-    COALESCED: gl.constexpr
+    IN_WARPS: gl.constexpr
     # (FwdConfig.pingpong and weights_in_arms: carried here for want of a forward aggregate of the config)
     PINGPONG: gl.constexpr
     ARMS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, o, LSE, stride_lh, score, COALESCED, PINGPONG, ARMS):
+    def __init__(self, o, LSE, stride_lh, score, IN_WARPS, PINGPONG, ARMS):
         self.o = o
         self.LSE = LSE
         self.stride_lh = stride_lh
         self.score = score
-        self.COALESCED = gl.constexpr(COALESCED)
+        self.IN_WARPS = gl.constexpr(IN_WARPS)
         self.PINGPONG = gl.constexpr(PINGPONG)
         self.ARMS = gl.constexpr(ARMS)
 
     @gluon.jit
-    def create(o, lse, score, COALESCED: gl.constexpr, PINGPONG: gl.constexpr, ARMS: gl.constexpr):
-        return FwdOutput(Rows.create(o), lse[0], gl.to_tensor(lse[1]), score, COALESCED, PINGPONG, ARMS)
+    def create(o, lse, score, IN_WARPS: gl.constexpr, PINGPONG: gl.constexpr, ARMS: gl.constexpr):
+        return FwdOutput(Rows.create(o), lse[0], gl.to_tensor(lse[1]), score, IN_WARPS, PINGPONG, ARMS)
 
 
 @gluon.jit
@@ -284,23 +284,14 @@ def _attend(WG: gl.constexpr, shape, batch, tile, t, it, n_blocks, edges, carry,
 def _store(out, acc, state, row0, tile, s_rows: gl.constexpr, dtype: gl.constexpr, SCORE: gl.constexpr):
     """This warpgroup's rows of O (acc times the score's row factor: 1 / the row sum, 0 for a row that saw no key;
     an activation's out scale) and, where the score has one, their natural-log LSE."""
-    HEAD_DIM: gl.constexpr = acc.shape[1]
     o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    o_cols: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
     if variants.has_lse(SCORE):
         lse = variants.lse(state, out.score)
     factor = gl.convert_layout(variants.out_factor(state, out.score, SCORE), o_rows)
     o = (acc * gl.expand_dims(factor, 1)).to(dtype)
     base = out.o.head(tile.head)
-    if out.COALESCED:
-        store_rows(base, out.o.stride_t, o, row0, tile.q_start, tile.q_len)
-    else:
-        o_m = row0 + gl.arange(0, WG_ROWS, layout=o_rows)
-        o_d = gl.arange(0, HEAD_DIM, layout=o_cols)
-        # (the stride zero-extended: its sign, a value held across the items, was spilled under HSTU's mask)
-        p_o = (base + tile.q_start.to(gl.int64) * out.o.stride_t.to(gl.uint32).to(gl.int64)
-               + gl.expand_dims(o_m, 1) * out.o.stride_t + gl.expand_dims(o_d, 0))
-        gl.store(p_o, o, mask=gl.expand_dims(o_m < tile.q_len, 1))
+    # (the stride zero-extended: its sign, a value held across the items, was spilled under HSTU's mask)
+    store_rows(base, out.o.stride_t.to(gl.uint32).to(gl.int64), o, row0, tile.q_start, tile.q_len, out.IN_WARPS)
     if variants.has_lse(SCORE):
         offs_m = row0 + gl.arange(0, WG_ROWS, layout=s_rows)
         gl.store(out.LSE + tile.head * out.stride_lh + tile.q_start + offs_m, lse, mask=offs_m < tile.q_len)
@@ -315,11 +306,11 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o, lse, offsets, sched, score, mas
     CONSUMERS: gl.constexpr = CFG.consumers
     STAGES: gl.constexpr = CFG.stages
     POSTED: gl.constexpr = CFG.posts
-    COALESCED: gl.constexpr = CFG.coalesced_store
+    IN_WARPS: gl.constexpr = CFG.store_in_warps
     shape = Shape(GROUP, CONSUMERS * WG_ROWS, CFG.block_n, CONSUMERS, False, BROADCAST, SCORE)
     work = WorkList.create(sched, CFG.queue)
     batch = Batch.create(offsets, mask)
-    out = FwdOutput.create(o, lse, score, COALESCED, CFG.pingpong, CFG.weights_in_arms)
+    out = FwdOutput.create(o, lse, score, IN_WARPS, CFG.pingpong, CFG.weights_in_arms)
     q_ops = ItemOperands.alloc(q_desc, q_desc, CONSUMERS, False, CFG.q_slots, POSTED, False, CFG.posted_items)
     kv = Ring.alloc(k_desc, v_desc, STAGES, CONSUMERS, True)
     if CONSUMERS == 2:
