@@ -104,11 +104,11 @@ def select_fwd(head_dim: int, mean_kv_len: float = float("inf")) -> FwdConfig:
     D=128: 128-row tiles whose two warpgroups share each K/V block, or up to SHORT_TILE_KV 64-row tiles. D=64 up
     to SHORT_KV: 64-row tiles at two CTAs per SM (d64-uniform-512: 149 vs 139 TF/s with two consumers, before the
     ping-pong). Up to SHORT_KV, 2 K/V stages and O in 16-byte stores (short-128 1.03 -> 0.94 ms, self-full-512 1.67
-    -> 1.45, d64-uniform-512 0.91 -> 0.81; the long forms' came later: FwdConfig.store_in_warps), else 3 stages (+3-12% over 2). The long forms, D=64's too, take two
-    consumers in ping-pong where they took two CTAs of one consumer (128 x uniform up to 4,096 keys, D=64: softmax
-    4.107 -> 3.799 ms, gelu_tanh 4.505 -> 3.932; gdpa-self-d64's gelu_tanh 2.121 -> 2.059). The one-consumer short
-    forms post their items (short-128 0.730 -> 0.671, pma-32-d64 0.328 -> 0.322; the two-consumer and long forms
-    even)."""
+    -> 1.45, d64-uniform-512 0.91 -> 0.81; the long forms' came later: FwdConfig.store_in_warps), else 3 stages
+    (+3-12% over 2). The long forms, D=64's too, take two consumers in ping-pong where they took two CTAs of one
+    consumer (128 x uniform up to 4,096 keys, D=64: softmax 4.107 -> 3.799 ms, gelu_tanh 4.505 -> 3.932;
+    gdpa-self-d64's gelu_tanh 2.121 -> 2.059). The one-consumer short forms post their items (short-128 0.730 ->
+    0.671, pma-32-d64 0.328 -> 0.322; the two-consumer and long forms even)."""
     if head_dim > 64 and mean_kv_len <= SHORT_TILE_KV:
         return FwdConfig(consumers=1, block_n=64, stages=2, store_in_warps=False, posted_items=True)
     if mean_kv_len <= SHORT_KV:
