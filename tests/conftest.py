@@ -39,8 +39,9 @@ def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome[report.nodeid] = report.outcome
     if report.when == "teardown":
-        done = "error" if report.failed else outcome.pop(report.nodeid, report.outcome)
-        outcome.pop(report.nodeid, None)
+        done = outcome.pop(report.nodeid, report.outcome)
+        if report.failed:
+            done = "error"
         _TIMES["file"].write(f"{seconds.pop(report.nodeid):.2f}\t{done}\t{report.nodeid}\n")
 
 
