@@ -20,7 +20,7 @@ triton_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -P -c "import jfa; print('jfa from', jfa.__file__)" | tee -a "$OUT/gpu.txt"
 step "$limit" $PY -P -m pytest -q -p no:cacheprovider -m gpu -n "${GPU_WORKERS:-14}" \
-  --times "$OUT/gpu-test-times.tsv" "$@" > "$OUT/gpu-tests.log" 2>&1
+  --times="$OUT/gpu-test-times.tsv" "$@" > "$OUT/gpu-tests.log" 2>&1
 grep -v "^  \|^$\|Warn" "$OUT/gpu-tests.log" | tail -20
 [ -s "$OUT/gpu-test-times.tsv" ] && $PY scripts/test_times.py "$OUT/gpu-test-times.tsv" --top 8
 pack_triton_cache
