@@ -82,6 +82,25 @@ def test_gpu_suite_shards_split_it_whole():
     assert max(map(len, parts)) < 0.5 * len(whole)
 
 
+def test_gpu_tests_script_runs_a_shard(tmp_path):
+    """scripts/gpu_tests.sh as a device call runs it (a shard, no test path named, two xdist workers, the times log
+    under $OUT); here, with no GPU, every GPU test skips. Its pytest command line must reach conftest.py's options
+    in every worker: a times file given as a separate word was once taken for a test path by the workers (the
+    controller had created it), whose rootdir became $OUT, with no conftest."""
+    root = Path(__file__).parents[1]
+    if not (root / ".venv" / "bin" / "python").exists():
+        pytest.skip("scripts/gpu_tests.sh runs the repo's .venv (make test builds it)")
+    (tmp_path / "cache").mkdir()
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), GPU_WORKERS="2", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    res = subprocess.run(["bash", "scripts/gpu_tests.sh", "240", "--shard", "1/3"], capture_output=True, text=True,
+                         cwd=root, env=env, timeout=300)
+    log = (out / "gpu-tests.log").read_text()
+    assert "== rc 0 " in res.stdout and "node down" not in log, res.stdout[-2000:] + log[-2000:]
+    ended = (out / "gpu-test-times.tsv").read_text().splitlines()
+    assert len(ended) > 30 and f"{len(ended)} skipped in" in log, log[-2000:]
+
+
 def test_test_times_log_each_test_once_under_xdist(tmp_path):
     """tests/conftest.py's --times FILE (what a GPU run cut by its time limit still reports): a run under two xdist
     workers writes one line a test with its outcome (a failure, a skip, a pass), and scripts/test_times.py sums the
