@@ -19,8 +19,8 @@ limit=${1:-300}; shift || true
 triton_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -P -c "import jfa; print('jfa from', jfa.__file__)" | tee -a "$OUT/gpu.txt"
-# (--times=PATH in one word: pytest's first pass, before conftest.py adds the option, would take a separate PATH
-# for a test path, and with none named the workers' rootdir became $OUT, where no conftest is)
+# (--times=PATH in one word: as two words, each xdist worker's first pass, before conftest.py adds the option, took
+# PATH, which the controller had created, for a test path; with none named, its rootdir became $OUT, no conftest)
 step "$limit" $PY -P -m pytest -q -p no:cacheprovider -m gpu -n "${GPU_WORKERS:-14}" \
   --times="$OUT/gpu-test-times.tsv" "$@" > "$OUT/gpu-tests.log" 2>&1
 grep -v "^  \|^$\|Warn" "$OUT/gpu-tests.log" | tail -20
