@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # usage: scripts/build_hstu3_cuda.sh sources FBGEMM_GIT_DIR CUTLASS_GIT_DIR   (any machine: copies the sources)
 #        scripts/build_hstu3_cuda.sh objects [JOBS]                           (any machine with nvcc >= 12.3: ~1 min a file)
-#        scripts/build_hstu3_cuda.sh link                                     (the GPU machine: torch's CUDA headers)
+#        scripts/build_hstu3_cuda.sh link                                     (the GPU machine: torch's CUDA headers;
+#                                                                              or here: TORCH_SITE, scripts/torch_ext_flags.sh)
 # NVIDIA's HSTU attention kernel for Hopper ("HSTU-3": pytorch/FBGEMM fbgemm_gpu/experimental/hstu, src/hstu_hopper,
 # sm_90a) as a benchmark peer: never a dependency, never committed; everything goes to .peers/hstu3_cuda (git-ignored).
 # Its setup.py generates one .cu a (dtype, head dim, rab, mask) and the dispatch in hstu_ops_gpu.cpp calls every one
