@@ -11,7 +11,7 @@ if [ -n "${TORCH_SITE:-}" ]; then
   inc="-I$TORCH_SITE/torch/include -I$TORCH_SITE/torch/include/torch/csrc/api/include"
   libs="-L$TORCH_SITE/torch/lib"
   abi=1  # every torch wheel since 2.7 is built with the C++11 ABI
-  pyinc=${PYINC:?TORCH_SITE needs PYINC, the GPU machine Python\'s include folder}
+  pyinc=${PYINC:?TORCH_SITE needs PYINC, the include folder of the Python on the GPU machine}
   extra=$(for d in "$TORCH_SITE"/nvidia/*/include; do echo -n "-I$d "; done)
 else
   py=${PY:-python}

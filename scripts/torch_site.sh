@@ -3,7 +3,7 @@
 # The GPU machine's torch (2.11.0+cu130 for CPython 3.12: PyPI's torch 2.11.0 wheel is that build) unpacked into DIR
 # with the CUDA library headers its ATen CUDA headers include (cuda-toolkit 13.0.2's cublas, cusparse, cusolver,
 # cudart, curand wheels): torch/include, torch/lib, nvidia/cu13/include. With it, HSTU's CUDA peers link here, at no
-# device time, and only their .so files travel (2.2 GB in DIR; about a minute to download):
+# device time, and only their .so files travel (about 2.5 GB in DIR; a minute or two to download):
 #   TORCH_SITE=DIR PYINC=<Python 3.12's include/python3.12> bash scripts/build_hstu_cuda.sh link
 # (and build_hstu3_cuda.sh link; scripts/torch_ext_flags.sh reads TORCH_SITE and PYINC).
 set -euo pipefail
