@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # usage: scripts/build_hstu_cuda.sh sources GR_GIT_DIR CUTLASS_GIT_DIR   (any machine: copies the sources)
-#        scripts/build_hstu_cuda.sh objects [JOBS]                       (any machine with nvcc >= 12.3: ~10 min a file)
-#        scripts/build_hstu_cuda.sh link                                 (the GPU machine: torch headers, ~2 min;
-#                                                                         or here: TORCH_SITE, scripts/torch_ext_flags.sh)
+#        scripts/build_hstu_cuda.sh objects [JOBS]    (any machine, nvcc >= 12.3: 5-6 min a file on 2 cores)
+#        scripts/build_hstu_cuda.sh link              (the GPU machine: torch headers, ~2 min;
+#                                                      or here: TORCH_SITE, scripts/torch_ext_flags.sh)
 # HSTU's CUDA attention kernel (meta-recsys/generative-recommenders ops/cpp/hstu_attention, FA3-based, sm_90a) as a
 # benchmark peer: never a dependency, never committed; everything goes to .peers/hstu_cuda (git-ignored).
 # Its setup.py is stale (it lists files that no longer exist), so this builds what head dim 128 in bf16 needs: the
